@@ -1,0 +1,41 @@
+"""modopt: composable gradient transformations and optimizers for JAX, as Equinox modules.
+
+Every transform is an `equinox.Module` whose fields are its hyperparameters, with pure
+`init(params)` and `update(updates, state, params=None, **extra_args)` methods (optax's
+protocol). `modopt.Optimizer` wraps one with its state for `optimizer.step(model, grads)`.
+"""
+
+from . import combinators as combinators
+from . import optimizers as optimizers
+from . import schedules as schedules
+from . import transforms as transforms
+from ._base import AbstractComposite as AbstractComposite
+from ._base import AbstractTransform as AbstractTransform
+from ._base import EmptyState as EmptyState
+from ._base import FromOptax as FromOptax
+from ._base import GradientTransformation as GradientTransformation
+from ._base import GradientTransformationExtraArgs as GradientTransformationExtraArgs
+from ._base import from_optax as from_optax
+from ._base import init_empty_state as init_empty_state
+from ._base import with_extra_args_support as with_extra_args_support
+from ._checks import check_state as check_state
+from ._moments import bias_correction as bias_correction
+from ._moments import update_infinity_moment as update_infinity_moment
+from ._moments import update_moment as update_moment
+from ._moments import update_moment_per_elem_norm as update_moment_per_elem_norm
+from ._numerics import abs_sq as abs_sq
+from ._numerics import global_norm as global_norm
+from ._numerics import safe_increment as safe_increment
+from ._numerics import safe_int32_increment as safe_int32_increment
+from ._numerics import safe_norm as safe_norm
+from ._numerics import safe_root_mean_squares as safe_root_mean_squares
+from ._optimizer import Optimizer as Optimizer
+from ._updates import apply_updates as apply_updates
+from ._updates import incremental_update as incremental_update
+from ._updates import periodic_update as periodic_update
+from .combinators import *  # noqa: F403
+from .optimizers import *  # noqa: F403
+from .schedules import *  # noqa: F403
+from .transforms import *  # noqa: F403
+
+__version__ = "0.1.0"

@@ -1,0 +1,178 @@
+"""The transform base class and the optax-compatible protocol.
+
+A transform is an `equinox.Module` whose fields are its hyperparameters, with two pure
+methods: `init(params) -> state` and `update(updates, state, params=None, **extra_args)
+-> (updates, state)`. That is exactly optax's `GradientTransformation` protocol, so a modopt
+transform can be used wherever optax expects one (`optax.chain`, Flax's `TrainState`).
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from ._fields import static, validate_hyperparameters
+
+PyTree = Any
+Params = Any
+Updates = Any
+OptState = Any
+
+
+@runtime_checkable
+class GradientTransformation(Protocol):
+    """Anything with pure `init(params)` and `update(updates, state, params=None)`.
+
+    Both modopt transforms and optax's `GradientTransformation` satisfy this protocol.
+    """
+
+    def init(self, params: Params) -> OptState: ...
+
+    def update(
+        self, updates: Updates, state: OptState, params: Params | None = None
+    ) -> tuple[Updates, OptState]: ...
+
+
+@runtime_checkable
+class GradientTransformationExtraArgs(GradientTransformation, Protocol):
+    """A `GradientTransformation` whose `update` also accepts keyword `**extra_args`.
+
+    Every modopt transform is one: transforms that need no extra arguments ignore them.
+    """
+
+    def update(
+        self, updates: Updates, state: OptState, params: Params | None = None, **extra_args: Any
+    ) -> tuple[Updates, OptState]: ...
+
+
+class EmptyState(NamedTuple):
+    """The state of a stateless transform."""
+
+
+class AbstractTransform(eqx.Module):
+    """Base class of every modopt transform.
+
+    Subclasses declare their hyperparameters as fields (see `modopt._fields`) and implement
+    `init` and `update`. Concrete subclasses are final: compose transforms, don't inherit.
+    """
+
+    @abc.abstractmethod
+    def init(self, params: Params) -> OptState:
+        """Returns the initial state for `params`."""
+
+    @abc.abstractmethod
+    def update(
+        self, updates: Updates, state: OptState, params: Params | None = None, **extra_args: Any
+    ) -> tuple[Updates, OptState]:
+        """Transforms `updates` (usually gradients); returns `(new_updates, new_state)`."""
+
+    def __check_init__(self):
+        validate_hyperparameters(self)
+
+    # Flax's linen `TrainState` keeps `tx` as a static field, which JAX hashes. Arrays are not
+    # hashable, so a transform hashes by its structure and the bytes of its concrete leaves.
+    def __hash__(self):
+        leaves, treedef = jax.tree_util.tree_flatten(self)
+        return hash((treedef, tuple(_hashable(leaf) for leaf in leaves)))
+
+    __eq__ = eqx.Module.__eq__
+
+
+class AbstractComposite(AbstractTransform):
+    """A transform defined as a composition of other transforms, built from its own fields.
+
+    Named optimizers are composites: `Adam` holds `learning_rate, b1, b2, ...` as readable,
+    settable fields, and `build()` returns the chain of transforms that does the math.
+    """
+
+    @abc.abstractmethod
+    def build(self) -> AbstractTransform:
+        """The composition this transform stands for."""
+
+    def init(self, params):
+        return self.build().init(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        return self.build().update(updates, state, params, **extra_args)
+
+
+def _hashable(leaf: Any) -> Any:
+    if isinstance(leaf, jax.core.Tracer):
+        raise TypeError("A transform holding traced values cannot be hashed.")
+    if isinstance(leaf, (jax.Array, np.ndarray)):
+        array = np.asarray(leaf)
+        return (array.shape, array.dtype.str, array.tobytes())
+    return leaf
+
+
+def init_empty_state(params: Params) -> EmptyState:
+    """The init function of a stateless transform."""
+    del params
+    return EmptyState()
+
+
+class FromOptax(AbstractTransform):
+    """Any object with `init`/`update` (an optax transform, a pair of functions) as modopt's.
+
+    Its functions are code and therefore static: its hyperparameters live in their closures,
+    so changing them retraces. Prefer the native modopt transform where one exists.
+    """
+
+    tx: Any = static()
+    accepts_extra_args: bool = static(default=True)
+
+    def init(self, params):
+        return self.tx.init(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        if self.accepts_extra_args:
+            return self.tx.update(updates, state, params, **extra_args)
+        return self.tx.update(updates, state, params)
+
+
+def from_optax(tx: GradientTransformation) -> AbstractTransform:
+    """Wraps an optax transform (or anything with `init`/`update`) into a modopt transform.
+
+    Example:
+        >>> import optax, modopt
+        >>> tx = modopt.chain(modopt.from_optax(optax.scale_by_adam()), modopt.scale(-1e-3))
+    """
+    if isinstance(tx, AbstractTransform):
+        return tx
+    if not isinstance(tx, GradientTransformation):
+        raise TypeError(
+            f"Expected an object with `init` and `update` methods, got {type(tx).__name__}."
+        )
+    return FromOptax(tx, accepts_extra_args=_accepts_extra_args(tx))
+
+
+def _accepts_extra_args(tx: Any) -> bool:
+    """Whether `tx.update` takes `**extra_args` (as optax's `...ExtraArgs` transforms do)."""
+    try:
+        parameters = inspect.signature(tx.update).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def with_extra_args_support(tx: GradientTransformation) -> AbstractTransform:
+    """Returns a transform whose `update` accepts (and ignores unneeded) `**extra_args`.
+
+    modopt transforms already do, and are returned unchanged; others are wrapped.
+    """
+    return from_optax(tx)
+
+
+def as_transform(tx: Any, where: str) -> AbstractTransform:
+    """Accepts a modopt or optax transform as a component; anything else is an error."""
+    if isinstance(tx, AbstractTransform):
+        return tx
+    if isinstance(tx, GradientTransformation):
+        return from_optax(tx)
+    raise TypeError(f"{where}: expected a gradient transformation, got {type(tx).__name__}.")
+

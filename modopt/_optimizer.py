@@ -1,0 +1,168 @@
+"""`Optimizer`: a transform, its state and a step count, stepping a model."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ._base import AbstractTransform, as_transform
+from ._checks import align_gradients, check_state
+from ._fields import as_hyperparameter, as_static_tree, hyperparameter_names, resolve_tree, static, validate_hyperparameters
+from ._numerics import safe_increment
+from ._updates import apply_updates
+from .schedules._base import AbstractSchedule, as_schedule, is_schedule
+
+
+class Optimizer(eqx.Module):
+    """A transform (with its hyperparameters), its state and a step count, as one module.
+
+    `optimizer.step(model, grads)` returns `(new_model, new_optimizer)`. It is pure: use it
+    inside `eqx.filter_jit` (or `jax.jit`) with the model and optimizer donated.
+
+    Only the leaves selected by `wrt` are trained (default: floating and complex arrays);
+    everything else in the model (integer and boolean arrays, functions, static fields)
+    passes through unchanged and gets no optimizer state. A `None` gradient leaves its
+    parameter unchanged (the state advances as for a zero gradient).
+
+    Example:
+        >>> model = eqx.nn.MLP(2, 1, 32, 2, key=jax.random.key(0))
+        >>> optimizer = modopt.Optimizer(modopt.adam(1e-3), model)
+        >>> @eqx.filter_jit(donate="all")
+        ... def train_step(model, optimizer, x, y):
+        ...     grads = eqx.filter_grad(loss)(model, x, y)
+        ...     return optimizer.step(model, grads)
+    """
+
+    tx: AbstractTransform
+    state: Any
+    count: jax.Array
+    wrt: Any = static()
+
+    def __init__(self, tx: Any, model: Any, *, wrt: Any = eqx.is_inexact_array):
+        self.tx = as_transform(tx, "Optimizer")
+        self.wrt = as_static_tree(wrt)
+        params = self.trainable(model)
+        self.state = _unaliased(self.tx.init(params), params)
+        self.count = jnp.zeros([], jnp.int32)
+
+    def trainable(self, model: Any) -> Any:
+        """The trainable leaves of `model`, with `None` everywhere else."""
+        return eqx.filter(model, self._filter(model))
+
+    def _filter(self, model):
+        return resolve_tree(self.wrt, model) if not callable(self.wrt) else self.wrt
+
+    def step(self, model: Any, grads: Any, **extra_args: Any) -> tuple[Any, Optimizer]:
+        """Applies one update; returns `(new_model, new_optimizer)`.
+
+        `extra_args` (for instance the loss `value`) reach the transform's `update`.
+        """
+        params, rest = eqx.partition(model, self._filter(model))
+        grads = align_gradients(params, grads)
+        check_state(self.tx, self.state, params)
+        has_grad = jax.tree_util.tree_map(lambda p, g: g is not None, params, grads, is_leaf=_is_none)
+        zeros_for_missing = jax.tree_util.tree_map(
+            lambda p, g: jnp.zeros_like(p) if g is None else g, params, grads, is_leaf=_is_none
+        )
+        updates, state = self.tx.update(zeros_for_missing, self.state, params, **extra_args)
+        new_params = apply_updates(params, updates)
+        new_params = jax.tree_util.tree_map(
+            lambda keep, new, old: new if keep else old, has_grad, new_params, params, is_leaf=_is_none
+        )
+        new_model = eqx.combine(new_params, rest)
+        return new_model, self._replace(state=state, count=safe_increment(self.count))
+
+    # ---- hyperparameters -------------------------------------------------------------
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """Every hyperparameter of the transform by name (a dotted path where names clash)."""
+        return {name: get(self.tx) for name, (get, _) in _hyperparameter_index(self.tx).items()}
+
+    @property
+    def learning_rate(self) -> jax.Array:
+        """The learning rate in use at the current step (a schedule is evaluated), for logging."""
+        value = self.hyperparameters.get("learning_rate")
+        if value is None:
+            raise AttributeError(f"{type(self.tx).__name__} has no hyperparameter named learning_rate.")
+        return value(self.count) if is_schedule(value) else value
+
+    def set(self, **values: Any) -> Optimizer:
+        """A copy with hyperparameters replaced by name, e.g. `optimizer.set(learning_rate=1e-4)`.
+
+        Numbers keep the array type of the value they replace, so a jitted step does not
+        retrace.
+        """
+        index = _hyperparameter_index(self.tx)
+        tx = self.tx
+        for name, value in values.items():
+            if name not in index:
+                raise KeyError(f"No hyperparameter named {name!r}; the names are {sorted(index)}.")
+            get, owner = index[name]
+            tx = eqx.tree_at(get, tx, _like(value, get(tx)), is_leaf=_is_none)
+            validate_hyperparameters(owner(tx))
+        return self._replace(tx=tx)
+
+    def _replace(self, **changes: Any) -> Optimizer:
+        new = object.__new__(Optimizer)
+        for f in dataclasses.fields(self):
+            object.__setattr__(new, f.name, changes.get(f.name, getattr(self, f.name)))
+        return new
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+def _like(value: Any, old: Any) -> Any:
+    """`value` converted the way the field it replaces was (weak arrays, schedules)."""
+    value = as_schedule(as_hyperparameter(value))
+    if isinstance(value, jax.Array) and isinstance(old, jax.Array) and not isinstance(value, jax.core.Tracer):
+        if value.dtype != old.dtype:
+            value = as_hyperparameter(value.item()) if value.ndim == 0 and old.weak_type else value.astype(old.dtype)
+    return value
+
+
+Getter = Callable[[Any], Any]
+
+
+def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
+    """Maps each hyperparameter's name to (getter of its value, getter of its owning module).
+
+    Short field names are used where unique; clashing names are qualified by their path.
+    """
+    found: list[tuple[str, str, Getter, Getter]] = []
+
+    def visit(node: Any, path: str, get: Getter) -> None:
+        if isinstance(node, (AbstractTransform, AbstractSchedule)):
+            names = hyperparameter_names(node)
+            for name in names:
+                getter = lambda t, get=get, name=name: getattr(get(t), name)  # noqa: E731
+                found.append((name, f"{path}.{name}".lstrip("."), getter, get))
+            for f in dataclasses.fields(node):
+                if f.name not in names and not f.metadata.get("static", False):
+                    child = getattr(node, f.name)
+                    visit(child, f"{path}.{f.name}", lambda t, get=get, n=f.name: getattr(get(t), n))
+        elif isinstance(node, (tuple, list)):
+            for i, child in enumerate(node):
+                visit(child, f"{path}[{i}]", lambda t, get=get, i=i: get(t)[i])
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                visit(child, f"{path}[{key!r}]", lambda t, get=get, key=key: get(t)[key])
+
+    visit(tx, "", lambda t: t)
+    counts: dict[str, int] = {}
+    for name, *_ in found:
+        counts[name] = counts.get(name, 0) + 1
+    return {(name if counts[name] == 1 else path): (get, owner) for name, path, get, owner in found}
+
+
+def _unaliased(state: Any, params: Any) -> Any:
+    """`state` with any leaf that *is* a parameter array copied, so donation cannot alias them."""
+    param_ids = {id(p) for p in jax.tree_util.tree_leaves(params)}
+    return jax.tree_util.tree_map(lambda s: jnp.copy(s) if id(s) in param_ids else s, state)

@@ -1,0 +1,66 @@
+"""Sequencing transforms: `chain` and `named_chain`."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from .._base import AbstractTransform, as_transform
+
+
+class Chain(AbstractTransform):
+    """Applies `transforms` in order; the state is the tuple of their states."""
+
+    transforms: tuple[AbstractTransform, ...]
+
+    def __init__(self, *transforms: Any):
+        self.transforms = tuple(as_transform(t, f"chain argument {i}") for i, t in enumerate(transforms))
+
+    def init(self, params):
+        return tuple(t.init(params) for t in self.transforms)
+
+    def update(self, updates, state, params=None, **extra_args):
+        _check_length(state, len(self.transforms), "chain")
+        new_state = []
+        for transform, inner in zip(self.transforms, state):
+            updates, inner = transform.update(updates, inner, params, **extra_args)
+            new_state.append(inner)
+        return updates, tuple(new_state)
+
+
+class NamedChain(AbstractTransform):
+    """Like `Chain`, with each transform named; the state is an ordered dict by name."""
+
+    transforms: tuple[tuple[str, AbstractTransform], ...]
+
+    def __init__(self, *named: tuple[str, Any]):
+        names = [name for name, _ in named]
+        if len(set(names)) != len(names):
+            raise ValueError(f"named_chain needs unique names, got {names}.")
+        self.transforms = tuple((name, as_transform(t, f"named_chain entry {name!r}")) for name, t in named)
+
+    def init(self, params):
+        return OrderedDict((name, t.init(params)) for name, t in self.transforms)
+
+    def update(self, updates, state, params=None, **extra_args):
+        expected = [name for name, _ in self.transforms]
+        if not hasattr(state, "keys") or list(state.keys()) != expected:
+            found = list(state.keys()) if hasattr(state, "keys") else type(state).__name__
+            raise ValueError(f"named_chain state has entries {found}, expected {expected}: was it made by this chain's init?")
+        new_state = OrderedDict()
+        for name, transform in self.transforms:
+            updates, new_state[name] = transform.update(updates, state[name], params, **extra_args)
+        return updates, new_state
+
+
+def _check_length(state: Any, expected: int, where: str) -> None:
+    if not isinstance(state, tuple) or len(state) != expected:
+        found = f"{len(state)} entries" if isinstance(state, tuple) else f"a {type(state).__name__}"
+        raise ValueError(
+            f"{where} of {expected} transforms got a state with {found}: was the state made by "
+            "this transform's init?"
+        )
+
+
+chain = Chain
+named_chain = NamedChain

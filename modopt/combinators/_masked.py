@@ -1,0 +1,67 @@
+"""Applying a transform to a subset of the parameters: `masked`."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+
+from .._base import AbstractTransform, as_transform
+from .._fields import as_static_tree, resolve_tree, static
+
+
+class MaskedNode(NamedTuple):
+    """Stands in for a leaf (or subtree) that a mask excludes. It holds no arrays."""
+
+
+class MaskedState(NamedTuple):
+    """The inner transform's state, built on the params with excluded leaves as `MaskedNode`."""
+
+    inner_state: Any
+
+
+def mask_tree(tree: Any, mask: Any) -> Any:
+    """`tree` with every subtree whose mask entry is `False` replaced by `MaskedNode()`."""
+    return jax.tree_util.tree_map(lambda m, t: t if m else MaskedNode(), mask, tree)
+
+
+class Masked(AbstractTransform):
+    """Applies `inner` only where `mask` is `True`; other updates pass through unchanged.
+
+    `mask` is a pytree of bools whose structure is a prefix of the params, or a function of
+    the params (or updates) returning one. With `mask_compatible_extra_args=True`, extra
+    arguments with the params' structure are masked too.
+    """
+
+    inner: AbstractTransform = eqx.field(converter=lambda tx: as_transform(tx, "masked"))
+    mask: Any = static(converter=as_static_tree)
+    mask_compatible_extra_args: bool = static(default=False, kw_only=True)
+
+    def __check_init__(self):
+        if self.mask is None:
+            raise ValueError("masked needs a mask (a pytree of bools or a function returning one).")
+
+    def init(self, params):
+        mask = resolve_tree(self.mask, params)
+        return MaskedState(inner_state=self.inner.init(mask_tree(params, mask)))
+
+    def update(self, updates, state, params=None, **extra_args):
+        mask = resolve_tree(self.mask, updates)
+        if self.mask_compatible_extra_args:
+            structure = jax.tree_util.tree_structure(updates)
+            extra_args = {
+                k: mask_tree(v, mask) if jax.tree_util.tree_structure(v) == structure else v
+                for k, v in extra_args.items()
+            }
+        inner_updates, inner_state = self.inner.update(
+            mask_tree(updates, mask),
+            state.inner_state,
+            None if params is None else mask_tree(params, mask),
+            **extra_args,
+        )
+        updates = jax.tree_util.tree_map(lambda m, new, old: new if m else old, mask, inner_updates, updates)
+        return updates, MaskedState(inner_state=inner_state)
+
+
+masked = Masked

@@ -1,0 +1,70 @@
+"""Different transforms for different groups of parameters: `partition`."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+
+from .._base import AbstractTransform, as_transform
+from .._fields import as_static_tree, resolve_tree, static
+from ._masked import Masked
+
+
+class PartitionState(NamedTuple):
+    """One (masked) inner state per group label."""
+
+    inner_states: Mapping[Hashable, Any]
+
+
+def _as_transform_dict(transforms: Mapping[Hashable, Any]) -> dict[Hashable, AbstractTransform]:
+    return {label: as_transform(tx, f"partition transform {label!r}") for label, tx in transforms.items()}
+
+
+class Partition(AbstractTransform):
+    """Applies `transforms[label]` to the parameters labelled `label`.
+
+    `param_labels` is a pytree of labels with the params' structure (or a prefix of it), or
+    a function of the params returning one. Every label must have a transform.
+
+    Example:
+        >>> tx = modopt.partition({"adam": modopt.adam(1e-3), "frozen": modopt.set_to_zero()},
+        ...                       {"w": "adam", "embedding": "frozen"})
+    """
+
+    transforms: dict[Hashable, AbstractTransform] = eqx.field(converter=_as_transform_dict)
+    param_labels: Any = static(converter=as_static_tree)
+    mask_compatible_extra_args: bool = static(default=False, kw_only=True)
+
+    def _groups(self, tree) -> dict[Hashable, Masked]:
+        labels = resolve_tree(self.param_labels, tree)
+        used = set(jax.tree_util.tree_leaves(labels))
+        missing = used - set(self.transforms)
+        if missing:
+            raise ValueError(
+                f"partition: the labels {sorted(map(str, missing))} have no transform; "
+                f"transforms are given for {sorted(map(str, self.transforms))}."
+            )
+        return {
+            label: Masked(
+                tx,
+                jax.tree_util.tree_map(lambda lab, label=label: lab == label, labels),
+                mask_compatible_extra_args=self.mask_compatible_extra_args,
+            )
+            for label, tx in self.transforms.items()
+        }
+
+    def init(self, params):
+        return PartitionState({label: g.init(params) for label, g in self._groups(params).items()})
+
+    def update(self, updates, state, params=None, **extra_args):
+        new_states = {}
+        for label, group in self._groups(updates).items():
+            updates, new_states[label] = group.update(updates, state.inner_states[label], params, **extra_args)
+        return updates, PartitionState(new_states)
+
+
+partition = Partition
+multi_transform = Partition

@@ -1,0 +1,34 @@
+"""Stochastic gradient descent, with optional (Nesterov) momentum."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._base import AbstractComposite
+from .._fields import NONNEGATIVE, UNIT, canonical_dtype, hyperparameter, static
+from ..combinators import Chain
+from ..schedules._base import scalar_or_schedule
+from ..transforms import Identity, ScaleByLearningRate, Trace
+
+
+class Sgd(AbstractComposite):
+    r"""Stochastic gradient descent: `params -= learning_rate * t`, with `t` the gradient or,
+    given `momentum`, its trace `t = g + momentum * t` (Nesterov's variant with `nesterov`).
+
+    Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
+    """
+
+    learning_rate: Any = scalar_or_schedule(check=NONNEGATIVE)
+    momentum: Any = hyperparameter(default=None, check=UNIT)
+    nesterov: bool = static(default=False)
+    accumulator_dtype: Any = static(default=None, converter=canonical_dtype)
+
+    def build(self):
+        if self.momentum is None:
+            accumulate = Identity()
+        else:
+            accumulate = Trace(self.momentum, self.nesterov, self.accumulator_dtype)
+        return Chain(accumulate, ScaleByLearningRate(self.learning_rate))
+
+
+sgd = Sgd

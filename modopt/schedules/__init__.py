@@ -1,0 +1,16 @@
+"""Schedules: modules mapping a step count to a hyperparameter value."""
+
+from ._base import AbstractSchedule as AbstractSchedule
+from ._base import FunctionSchedule as FunctionSchedule
+from ._base import as_schedule as as_schedule
+from ._schedules import ConstantSchedule as ConstantSchedule
+from ._schedules import CosineDecaySchedule as CosineDecaySchedule
+from ._schedules import JoinSchedules as JoinSchedules
+from ._schedules import PolynomialSchedule as PolynomialSchedule
+from ._schedules import WarmupCosineDecaySchedule as WarmupCosineDecaySchedule
+from ._schedules import constant_schedule as constant_schedule
+from ._schedules import cosine_decay_schedule as cosine_decay_schedule
+from ._schedules import join_schedules as join_schedules
+from ._schedules import linear_schedule as linear_schedule
+from ._schedules import polynomial_schedule as polynomial_schedule
+from ._schedules import warmup_cosine_decay_schedule as warmup_cosine_decay_schedule

@@ -1,0 +1,66 @@
+"""The schedule base class: a module mapping a step count to a value."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from .._fields import Check, as_hyperparameter, hyperparameter, static, validate_hyperparameters
+
+
+class AbstractSchedule(eqx.Module):
+    """A function of the step count whose numeric parameters are array leaves.
+
+    Being a module, a schedule can be changed inside `jit` without a retrace and is saved
+    with the optimizer that holds it.
+    """
+
+    @abc.abstractmethod
+    def __call__(self, count: jax.Array) -> jax.Array:
+        """The value at step `count`."""
+
+    def __check_init__(self):
+        validate_hyperparameters(self)
+
+
+class FunctionSchedule(AbstractSchedule):
+    """A plain Python function used as a schedule.
+
+    The function is code, so it is static: a different function (even an equal lambda)
+    retraces. Use modopt's schedules to change values without retracing.
+    """
+
+    fn: Callable[[jax.Array], Any] = static()
+
+    def __call__(self, count):
+        return self.fn(count)
+
+
+def as_schedule(value: Any) -> Any:
+    """Converter for `learning_rate`-like fields: callables become schedules, numbers stay."""
+    if isinstance(value, AbstractSchedule) or not callable(value):
+        return value
+    return FunctionSchedule(value)
+
+
+def is_schedule(value: Any) -> bool:
+    return isinstance(value, AbstractSchedule)
+
+
+def scalar_or_schedule(default: Any = dataclasses.MISSING, *, check: Check | None = None, **kwargs):
+    """A hyperparameter field that also accepts a schedule (or any callable of the count)."""
+    return hyperparameter(default, check=check, converter=_scalar_or_schedule, **kwargs)
+
+
+def _scalar_or_schedule(value: Any) -> Any:
+    return as_schedule(as_hyperparameter(value))
+
+
+def value_at(value: Any, count: jax.Array) -> Any:
+    """A scalar-or-schedule hyperparameter's value at step `count`."""
+    return value(count) if is_schedule(value) else value

@@ -1,0 +1,147 @@
+"""The standard schedules: constant, polynomial, cosine decay, warmup + cosine, joins.
+
+Step counts (`transition_steps`, `decay_steps`, boundaries) are array leaves too, so a
+schedule's length can change without a retrace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from .._fields import NONNEGATIVE, POSITIVE, as_hyperparameter, hyperparameter, is_concrete
+from ._base import AbstractSchedule, as_schedule
+
+
+class ConstantSchedule(AbstractSchedule):
+    """The same `value` at every step."""
+
+    value: Any = hyperparameter()
+
+    def __call__(self, count):
+        return self.value
+
+
+class PolynomialSchedule(AbstractSchedule):
+    r"""Polynomial interpolation from `init_value` to `end_value`.
+
+    With `t = clip(count - transition_begin, 0, transition_steps)`:
+    `(init_value - end_value) * (1 - t / transition_steps) ** power + end_value`.
+    A non-positive `transition_steps` gives the constant `init_value`; a negative
+    `transition_begin` counts as 0.
+    """
+
+    init_value: Any = hyperparameter()
+    end_value: Any = hyperparameter()
+    power: Any = hyperparameter()
+    transition_steps: Any = hyperparameter()
+    transition_begin: Any = hyperparameter(default=0)
+
+    def __call__(self, count):
+        begin = jnp.maximum(self.transition_begin, 0)
+        steps = jnp.maximum(self.transition_steps, 1)
+        t = jnp.clip(count - begin, 0, steps)
+        decayed = (self.init_value - self.end_value) * (1 - t / steps) ** self.power + self.end_value
+        return jnp.where(self.transition_steps <= 0, self.init_value, decayed)
+
+
+def linear_schedule(init_value, end_value, transition_steps, transition_begin=0) -> PolynomialSchedule:
+    """Linear interpolation from `init_value` to `end_value` (a polynomial of power 1)."""
+    return PolynomialSchedule(init_value, end_value, 1, transition_steps, transition_begin)
+
+
+class CosineDecaySchedule(AbstractSchedule):
+    r"""Cosine decay from `init_value` to `alpha * init_value` over `decay_steps`.
+
+    `init_value * ((1 - alpha) * (0.5 * (1 + cos(pi * t / decay_steps))) ** exponent + alpha)`
+    with `t = min(count, decay_steps)`.
+
+    Reference: Loshchilov & Hutter, 2016, https://arxiv.org/abs/1608.03983
+    """
+
+    init_value: Any = hyperparameter()
+    decay_steps: Any = hyperparameter(check=POSITIVE)
+    alpha: Any = hyperparameter(default=0.0)
+    exponent: Any = hyperparameter(default=1.0)
+
+    def __call__(self, count):
+        steps = jnp.asarray(self.decay_steps, jnp.float32)
+        t = jnp.minimum(jnp.asarray(count, jnp.float32), steps)
+        cosine = 0.5 * (1 + jnp.cos(jnp.pi * t / steps))
+        return self.init_value * ((1 - self.alpha) * cosine**self.exponent + self.alpha)
+
+
+class JoinSchedules(AbstractSchedule):
+    """`schedules[i]` from `boundaries[i - 1]` on, each restarted at its boundary.
+
+    Step `count` uses the last schedule whose boundary is <= count, called with
+    `count - boundary`.
+    """
+
+    schedules: tuple[AbstractSchedule, ...]
+    boundaries: tuple[Any, ...]
+
+    def __init__(self, schedules: Sequence[Any], boundaries: Sequence[Any]):
+        if len(schedules) != len(boundaries) + 1:
+            raise ValueError(
+                f"join_schedules needs one more schedule than boundaries: got "
+                f"{len(schedules)} schedules and {len(boundaries)} boundaries."
+            )
+        self.schedules = tuple(as_schedule(s) for s in schedules)
+        self.boundaries = tuple(as_hyperparameter(b) for b in boundaries)
+
+    def __call__(self, count):
+        value = _evaluate(self.schedules[0], count)
+        for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
+            value = jnp.where(count < boundary, value, _evaluate(schedule, count - boundary))
+        return value
+
+
+def _evaluate(schedule, count):
+    return schedule(count) if callable(schedule) else schedule
+
+
+class WarmupCosineDecaySchedule(AbstractSchedule):
+    """Linear warmup from `init_value` to `peak_value`, then cosine decay to `end_value`.
+
+    The cosine part lasts `decay_steps - warmup_steps` steps (`decay_steps` counts the warmup).
+    """
+
+    init_value: Any = hyperparameter()
+    peak_value: Any = hyperparameter()
+    warmup_steps: Any = hyperparameter(check=NONNEGATIVE)
+    decay_steps: Any = hyperparameter(check=POSITIVE)
+    end_value: Any = hyperparameter(default=0.0)
+    exponent: Any = hyperparameter(default=1.0)
+
+    def __check_init__(self):
+        if is_concrete(self.decay_steps) and is_concrete(self.warmup_steps):
+            if not self.decay_steps > self.warmup_steps:
+                raise ValueError(
+                    f"Invalid decay_steps: {self.decay_steps} (must be > warmup_steps = "
+                    f"{self.warmup_steps}, as it counts the warmup) in WarmupCosineDecaySchedule."
+                )
+
+    def as_join(self) -> JoinSchedules:
+        """The same schedule written as a join of its two phases."""
+        peak_is_zero = self.peak_value == 0
+        alpha = jnp.where(peak_is_zero, 0.0, self.end_value / jnp.where(peak_is_zero, 1.0, self.peak_value))
+        warmup = linear_schedule(self.init_value, self.peak_value, self.warmup_steps)
+        decay = CosineDecaySchedule(self.peak_value, self.decay_steps - self.warmup_steps, alpha, self.exponent)
+        return JoinSchedules((warmup, decay), (self.warmup_steps,))
+
+    def __call__(self, count):
+        return self.as_join()(count)
+
+
+constant_schedule = ConstantSchedule
+polynomial_schedule = PolynomialSchedule
+cosine_decay_schedule = CosineDecaySchedule
+warmup_cosine_decay_schedule = WarmupCosineDecaySchedule
+
+
+def join_schedules(schedules: Sequence[Any], boundaries: Sequence[Any]) -> JoinSchedules:
+    """Sequences `schedules`, switching at each of `boundaries` (see `JoinSchedules`)."""
+    return JoinSchedules(schedules, boundaries)

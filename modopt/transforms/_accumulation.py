@@ -1,0 +1,75 @@
+"""Accumulating past updates: momentum traces and exponential moving averages."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .._base import AbstractTransform
+from .._fields import UNIT, canonical_dtype, hyperparameter, static
+from .._moments import bias_correction, cast, update_moment, zeros_like
+from .._numerics import safe_increment
+
+
+class TraceState(NamedTuple):
+    """The momentum buffer."""
+
+    trace: Any
+
+
+class Trace(AbstractTransform):
+    """Momentum: `t = g + decay * t`; the update is `t` (or `g + decay * t` with Nesterov).
+
+    Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
+    """
+
+    decay: Any = hyperparameter(check=UNIT)
+    nesterov: bool = static(default=False)
+    accumulator_dtype: Any = static(default=None, converter=canonical_dtype)
+
+    def init(self, params):
+        return TraceState(trace=zeros_like(params, self.accumulator_dtype))
+
+    def update(self, updates, state, params=None, **extra_args):
+        step = lambda g, t: g + self.decay * t  # noqa: E731
+        new_trace = jax.tree_util.tree_map(
+            lambda g, t: None if g is None else step(g, t),
+            updates,
+            state.trace,
+            is_leaf=lambda x: x is None,
+        )
+        updates = jax.tree_util.tree_map(step, updates, new_trace) if self.nesterov else new_trace
+        return updates, TraceState(trace=cast(new_trace, self.accumulator_dtype))
+
+
+class EmaState(NamedTuple):
+    """Step count and exponential moving average of past updates."""
+
+    count: jax.Array  # int32 scalar
+    ema: Any
+
+
+class Ema(AbstractTransform):
+    """Exponential moving average of updates, `e = decay * e + (1 - decay) * g`.
+
+    With `debias=True` the output is divided by `1 - decay**t`.
+    """
+
+    decay: Any = hyperparameter(check=UNIT)
+    debias: bool = static(default=True)
+    accumulator_dtype: Any = static(default=None, converter=canonical_dtype)
+
+    def init(self, params):
+        return EmaState(count=jnp.zeros([], jnp.int32), ema=zeros_like(params, self.accumulator_dtype))
+
+    def update(self, updates, state, params=None, **extra_args):
+        new_ema = update_moment(updates, state.ema, self.decay, 1)
+        count = safe_increment(state.count)
+        updates = bias_correction(new_ema, self.decay, count) if self.debias else new_ema
+        return updates, EmaState(count=count, ema=cast(new_ema, self.accumulator_dtype))
+
+
+trace = Trace
+ema = Ema

@@ -1,0 +1,107 @@
+"""Scaling by constants, schedules and the learning rate."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .._base import AbstractComposite, AbstractTransform, init_empty_state
+from .._fields import NONNEGATIVE, hyperparameter, static
+from .._numerics import safe_increment, safe_root_mean_squares
+from ..schedules._base import AbstractSchedule, is_schedule, scalar_or_schedule
+from ._stateless import Identity
+
+
+class Scale(AbstractTransform):
+    """Multiplies updates by a fixed `step_size` (any sign)."""
+
+    step_size: Any = hyperparameter()
+
+    def init(self, params):
+        return init_empty_state(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        return jax.tree_util.tree_map(lambda g: self.step_size * g, updates), state
+
+
+class ScaleByScheduleState(NamedTuple):
+    """The step count a schedule is evaluated at."""
+
+    count: jax.Array  # int32 scalar
+
+
+class ScaleBySchedule(AbstractTransform):
+    """Multiplies updates by `step_size_fn(count)`, with `count` the number of past updates."""
+
+    step_size_fn: AbstractSchedule = scalar_or_schedule()
+
+    def init(self, params):
+        return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+    def update(self, updates, state, params=None, **extra_args):
+        step_size = self.step_size_fn(state.count)
+        updates = jax.tree_util.tree_map(lambda g: jnp.asarray(step_size, g.dtype) * g, updates)
+        return updates, ScaleByScheduleState(count=safe_increment(state.count))
+
+
+class _Signed(AbstractSchedule):
+    """`sign * schedule(count)`."""
+
+    schedule: AbstractSchedule
+    sign: int = static()
+
+    def __call__(self, count):
+        return self.sign * self.schedule(count)
+
+
+class ScaleByLearningRate(AbstractComposite):
+    """Multiplies updates by `-learning_rate` (or `+learning_rate` with `flip_sign=False`).
+
+    `learning_rate` is a number or a schedule; `None` means no scaling.
+    """
+
+    learning_rate: Any = scalar_or_schedule(default=None, check=NONNEGATIVE)
+    flip_sign: bool = static(default=True, kw_only=True)
+
+    def build(self):
+        sign = -1 if self.flip_sign else 1
+        if self.learning_rate is None:
+            return Identity()
+        if is_schedule(self.learning_rate):
+            return ScaleBySchedule(_Signed(self.learning_rate, sign))
+        return Scale(sign * self.learning_rate)
+
+
+class ScaleByParamBlockRms(AbstractTransform):
+    """Multiplies each update by the RMS of its parameter (at least `min_scale`).
+
+    Reference: Shazeer & Stern, 2018 (Adafactor), https://arxiv.org/abs/1804.04235
+    """
+
+    min_scale: Any = hyperparameter(default=1e-3, check=NONNEGATIVE)
+
+    def init(self, params):
+        return init_empty_state(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        _require_params(params, self)
+        updates = jax.tree_util.tree_map(
+            lambda u, p: u * safe_root_mean_squares(p, self.min_scale), updates, params
+        )
+        return updates, state
+
+
+def _require_params(params: Any, transform: Any) -> None:
+    if params is None:
+        raise ValueError(
+            f"{type(transform).__name__}.update needs the current parameters: call "
+            "`update(updates, state, params)`."
+        )
+
+
+scale = Scale
+scale_by_schedule = ScaleBySchedule
+scale_by_learning_rate = ScaleByLearningRate
+scale_by_param_block_rms = ScaleByParamBlockRms

@@ -1,0 +1,65 @@
+"""Decoupled weight decay: adding `weight_decay * params` to the updates."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .._base import AbstractTransform, EmptyState
+from .._fields import NONNEGATIVE, as_static_tree, static
+from .._numerics import safe_increment
+from ..combinators._masked import Masked
+from ..schedules._base import is_schedule, scalar_or_schedule
+from ._scale import _require_params
+
+
+class WeightDecaySchedule(NamedTuple):
+    """The step count of a scheduled weight decay."""
+
+    count: jax.Array  # int32 scalar
+
+
+class AddDecayedWeights(AbstractTransform):
+    """Adds `weight_decay * param` to each update (decoupled weight decay, as in AdamW).
+
+    `weight_decay` is a number or a schedule. `mask` (a pytree of bools shaped like a prefix
+    of the params, or a function of the params returning one) limits the decay to the leaves
+    marked `True`; the transform is then applied through `masked`, and so is its state.
+
+    Reference: Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
+    """
+
+    weight_decay: Any = scalar_or_schedule(default=0.0, check=NONNEGATIVE)
+    mask: Any = static(default=None, converter=as_static_tree)
+
+    def _as_masked(self) -> Masked:
+        return Masked(AddDecayedWeights(self.weight_decay), self.mask)
+
+    def init(self, params):
+        if self.mask is not None:
+            return self._as_masked().init(params)
+        if is_schedule(self.weight_decay):
+            return WeightDecaySchedule(count=jnp.zeros([], jnp.int32))
+        return EmptyState()
+
+    def update(self, updates, state, params=None, **extra_args):
+        if self.mask is not None:
+            return self._as_masked().update(updates, state, params, **extra_args)
+        _require_params(params, self)
+        if is_schedule(self.weight_decay):
+            decay = self.weight_decay(state.count)
+            state = WeightDecaySchedule(count=safe_increment(state.count))
+        else:
+            decay = self.weight_decay
+        updates = jax.tree_util.tree_map(
+            lambda g, p: None if g is None else g + decay * p,
+            updates,
+            params,
+            is_leaf=lambda x: x is None,
+        )
+        return updates, state
+
+
+add_decayed_weights = AddDecayedWeights

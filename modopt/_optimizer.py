@@ -144,6 +144,7 @@ def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
             for name in names:
                 getter = lambda t, get=get, name=name: getattr(get(t), name)  # noqa: E731
                 found.append((name, f"{path}.{name}".lstrip("."), getter, get))
+                visit(getattr(node, name), f"{path}.{name}", getter)  # a schedule's own numbers
             for f in dataclasses.fields(node):
                 if f.name not in names and not f.metadata.get("static", False):
                     child = getattr(node, f.name)

@@ -6,6 +6,7 @@ from collections import OrderedDict
 from typing import Any
 
 from .._base import AbstractTransform, as_transform
+from .._fields import static
 
 
 class Chain(AbstractTransform):
@@ -31,24 +32,28 @@ class Chain(AbstractTransform):
 class NamedChain(AbstractTransform):
     """Like `Chain`, with each transform named; the state is an ordered dict by name."""
 
-    transforms: tuple[tuple[str, AbstractTransform], ...]
+    names: tuple[str, ...] = static()
+    transforms: tuple[AbstractTransform, ...]
 
     def __init__(self, *named: tuple[str, Any]):
-        names = [name for name, _ in named]
+        names = tuple(name for name, _ in named)
         if len(set(names)) != len(names):
-            raise ValueError(f"named_chain needs unique names, got {names}.")
-        self.transforms = tuple((name, as_transform(t, f"named_chain entry {name!r}")) for name, t in named)
+            raise ValueError(f"named_chain needs unique names, got {list(names)}.")
+        self.names = names
+        self.transforms = tuple(as_transform(t, f"named_chain entry {name!r}") for name, t in named)
 
     def init(self, params):
-        return OrderedDict((name, t.init(params)) for name, t in self.transforms)
+        return OrderedDict((name, t.init(params)) for name, t in zip(self.names, self.transforms))
 
     def update(self, updates, state, params=None, **extra_args):
-        expected = [name for name, _ in self.transforms]
-        if not hasattr(state, "keys") or list(state.keys()) != expected:
-            found = list(state.keys()) if hasattr(state, "keys") else type(state).__name__
-            raise ValueError(f"named_chain state has entries {found}, expected {expected}: was it made by this chain's init?")
+        found = list(state.keys()) if isinstance(state, dict) else type(state).__name__
+        if found != list(self.names):
+            raise ValueError(
+                f"named_chain state has entries {found}, expected {list(self.names)}: was the state "
+                "made by this transform's init?"
+            )
         new_state = OrderedDict()
-        for name, transform in self.transforms:
+        for name, transform in zip(self.names, self.transforms):
             updates, new_state[name] = transform.update(updates, state[name], params, **extra_args)
         return updates, new_state
 

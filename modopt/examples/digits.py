@@ -1,0 +1,115 @@
+"""Train an Equinox MLP on scikit-learn's digits with modopt.
+
+Run with `python -m modopt.examples.digits [--epochs N] [--seed S]`. The data set (1797 8x8
+images of handwritten digits) ships with scikit-learn, so nothing is downloaded. Training
+takes a few seconds on a laptop CPU and reaches about 97% test accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import modopt
+
+BATCH_SIZE = 64
+MIN_ACCURACY = 0.90
+
+
+def load_data(seed: int):
+    """Returns normalized `(x_train, y_train, x_test, y_test)` as NumPy arrays."""
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x.astype(np.float32), y.astype(np.int32), test_size=0.2, random_state=seed, stratify=y
+    )
+    # Standardize each pixel with statistics of the training set only.
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0) + 1e-6
+    return (x_train - mean) / std, y_train, (x_test - mean) / std, y_test
+
+
+def loss_fn(model: eqx.nn.MLP, x: jax.Array, y: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy of a batch."""
+    logits = jax.vmap(model)(x)
+    log_probs = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(log_probs, y[:, None], axis=1))
+
+
+# The model and optimizer are donated: their buffers are reused for the outputs. The step
+# takes `(model, optimizer, batch)` in the order `optimizer.step` returns them, so XLA
+# matches each donated input buffer to the output of the same shape.
+@eqx.filter_jit(donate="all")
+def train_step(model, optimizer, batch):
+    x, y = batch
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+    model, optimizer = optimizer.step(model, grads)
+    return model, optimizer, loss
+
+
+@eqx.filter_jit
+def accuracy(model, x, y):
+    predictions = jnp.argmax(jax.vmap(model)(x), axis=1)
+    return jnp.mean(predictions == y)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=positive_int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    x_train, y_train, x_test, y_test = load_data(args.seed)
+    model = eqx.nn.MLP(64, 10, width_size=128, depth=2, key=jax.random.key(args.seed))
+
+    # Every batch has the same shape (the last partial batch of an epoch is dropped),
+    # so `train_step` compiles once.
+    steps_per_epoch = len(x_train) // BATCH_SIZE
+    total_steps = args.epochs * steps_per_epoch
+    schedule = modopt.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=3e-3, warmup_steps=min(50, total_steps // 5), decay_steps=total_steps
+    )
+    tx = modopt.chain(modopt.clip_by_global_norm(1.0), modopt.adamw(schedule, weight_decay=1e-4))
+    optimizer = modopt.Optimizer(tx, model)
+
+    rng = np.random.default_rng(args.seed)
+    start = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        order = rng.permutation(len(x_train))
+        losses = []
+        for i in range(steps_per_epoch):
+            idx = order[i * BATCH_SIZE : (i + 1) * BATCH_SIZE]
+            batch = (jnp.asarray(x_train[idx]), jnp.asarray(y_train[idx]))
+            model, optimizer, loss = train_step(model, optimizer, batch)
+            losses.append(loss)  # kept on device: no host sync inside the epoch
+        # `optimizer.learning_rate` is the scheduled rate the next step will use.
+        print(
+            f"epoch {epoch:3d}  train loss {float(jnp.mean(jnp.stack(losses))):.4f}"
+            f"  learning rate {float(optimizer.learning_rate):.2e}",
+            flush=True,
+        )
+
+    test_accuracy = float(accuracy(model, jnp.asarray(x_test), jnp.asarray(y_test)))
+    elapsed = time.perf_counter() - start
+    print(f"test accuracy {test_accuracy:.2%} ({len(x_test)} images, {total_steps} steps, {elapsed:.1f} s)", flush=True)
+    if test_accuracy < MIN_ACCURACY:
+        print(f"FAILED: test accuracy below {MIN_ACCURACY:.0%}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

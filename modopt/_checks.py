@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import equinox as eqx
 
 import jax
 import jax.numpy as jnp
@@ -10,23 +13,49 @@ import jax.numpy as jnp
 _is_none = lambda x: x is None  # noqa: E731
 
 
-def _paths(tree: Any) -> list[str]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_none)[0]
-    return [jax.tree_util.keystr(path) for path, _ in leaves]
+def _children(tree: Any) -> list[tuple[str, Any]]:
+    """The direct children of a pytree node, with their path suffixes."""
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
+    return [(jax.tree_util.keystr(path), child) for path, child in flat]
 
 
-def _first_difference(expected: Any, found: Any) -> str:
-    """A human description of where two pytree structures first differ."""
-    want, got = _paths(expected), _paths(found)
-    missing = [p for p in want if p not in set(got)]
-    extra = [p for p in got if p not in set(want)]
-    if missing:
-        return f"nothing at {missing[0] or '<root>'} (expected a leaf there)"
-    if extra:
-        return f"an unexpected entry at {extra[0] or '<root>'}"
-    expected_def = jax.tree_util.tree_structure(expected, is_leaf=_is_none)
-    found_def = jax.tree_util.tree_structure(found, is_leaf=_is_none)
-    return f"a different structure: expected {expected_def}, found {found_def}"
+def _node(tree: Any) -> Any:
+    """The one-level structure of a pytree node (its type, keys and static data)."""
+    return jax.tree_util.tree_structure(tree, is_leaf=lambda x: x is not tree)
+
+
+def _first_difference(expected: Any, found: Any, path: str = "") -> str | None:
+    """A human description of where `found`'s structure first departs from `expected`'s."""
+    if _node(expected) != _node(found):
+        return _describe(expected, found, path or "the root")
+    if _node(expected).num_nodes == 1:  # a leaf (or an empty node)
+        return None
+    for (key, want), (_, got) in zip(_children(expected), _children(found)):
+        difference = _first_difference(want, got, path + key)
+        if difference:
+            return difference
+    return None
+
+
+def _describe(expected: Any, found: Any, where: str) -> str:
+    if _node(expected).num_nodes == 1 and _node(expected).num_leaves == 1:
+        return f"a {type(found).__name__} at {where}, where a single array is expected"
+    if type(expected) is not type(found):
+        return f"a {type(found).__name__} at {where}, where a {type(expected).__name__} is expected"
+    if isinstance(expected, dict):
+        missing = sorted(map(repr, set(expected) - set(found)))
+        extra = sorted(map(repr, set(found) - set(expected)))
+        parts = [f"no entry for {', '.join(missing)}"] if missing else []
+        parts += [f"unexpected entries {', '.join(extra)}"] if extra else []
+        return f"{' and '.join(parts)} in the dict at {where}"
+    if isinstance(expected, (tuple, list)) and len(expected) != len(found):
+        return f"{len(found)} entries in the {type(found).__name__} at {where}, where {len(expected)} are expected"
+    if isinstance(expected, eqx.Module):
+        for f in dataclasses.fields(expected):
+            want, got = getattr(expected, f.name, None), getattr(found, f.name, None)
+            if f.metadata.get("static", False) and want != got:
+                return f"a {type(found).__name__} at {where} whose static field {f.name} is {got!r}, where {want!r} is expected"
+    return f"a different {type(found).__name__} at {where}: expected {_node(expected)}, found {_node(found)}"
 
 
 def _kind(dtype) -> str:
@@ -36,25 +65,25 @@ def _kind(dtype) -> str:
     return str(dtype)
 
 
-def align_gradients(params: Any, grads: Any) -> Any:
-    """`grads` checked against `params` (the trainable leaves, `None` elsewhere).
+def align_gradients(model: Any, params: Any, grads: Any) -> Any:
+    """`grads` checked against `model`, restricted to its trainable leaves `params`.
 
-    Returns grads with exactly `params`' structure: `None` where a leaf is frozen or has no
-    gradient. Raises `ValueError` naming the path of the first mismatch in structure, shape
-    or dtype kind.
+    `params` is `model` with `None` at frozen leaves. Returns grads with exactly `params`'
+    structure: `None` where a leaf is frozen or has no gradient. Raises `ValueError` naming
+    the path of the first mismatch in structure, shape or dtype kind.
     """
-    treedef = jax.tree_util.tree_structure(params)
+    treedef = jax.tree_util.tree_structure(model)
     try:
         subtrees = treedef.flatten_up_to(grads)
     except (ValueError, TypeError):
         raise ValueError(
-            f"The gradients do not have the structure of the model: found {_first_difference(params, grads)}. "
+            f"The gradients do not have the structure of the model: found {_first_difference(model, grads)}. "
             "Compute them with `eqx.filter_grad` (or `jax.grad`) of a loss of this model."
         ) from None
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(model)[0]]
     aligned = []
     for path, param, grad in zip(paths, treedef.flatten_up_to(params), subtrees):
-        if grad is None:
+        if param is None or grad is None:  # frozen, or no gradient: no change
             aligned.append(None)
             continue
         if not hasattr(grad, "shape") or not hasattr(grad, "dtype"):

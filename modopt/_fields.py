@@ -105,9 +105,9 @@ def validate_hyperparameters(module: eqx.Module) -> None:
             continue
         concrete = np.asarray(value)
         if np.iscomplexobj(concrete) or not check.predicate(concrete):
-            shown = concrete.item() if concrete.ndim == 0 else concrete
+            shown = concrete[()] if concrete.ndim == 0 else concrete  # at its own precision
             raise ValueError(
-                f"Invalid {f.name}: {shown} (must be {check.description}) "
+                f"Invalid {f.name}: {shown!s} (must be {check.description}) "
                 f"in {type(module).__name__}."
             )
 

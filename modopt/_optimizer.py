@@ -16,6 +16,7 @@ from ._fields import as_hyperparameter, as_static_tree, hyperparameter_names, re
 from ._numerics import safe_increment
 from ._updates import apply_updates
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule
+from .schedules._schedules import ConstantSchedule
 
 
 class Optimizer(eqx.Module):
@@ -63,11 +64,11 @@ class Optimizer(eqx.Module):
         `extra_args` (for instance the loss `value`) reach the transform's `update`.
         """
         params, rest = eqx.partition(model, self._filter(model))
-        grads = align_gradients(params, grads)
+        grads = align_gradients(model, params, grads)
         check_state(self.tx, self.state, params)
         has_grad = jax.tree_util.tree_map(lambda p, g: g is not None, params, grads, is_leaf=_is_none)
         zeros_for_missing = jax.tree_util.tree_map(
-            lambda p, g: jnp.zeros_like(p) if g is None else g, params, grads, is_leaf=_is_none
+            lambda p, g: g if g is not None or p is None else jnp.zeros_like(p), params, grads, is_leaf=_is_none
         )
         updates, state = self.tx.update(zeros_for_missing, self.state, params, **extra_args)
         new_params = apply_updates(params, updates)
@@ -104,7 +105,7 @@ class Optimizer(eqx.Module):
             if name not in index:
                 raise KeyError(f"No hyperparameter named {name!r}; the names are {sorted(index)}.")
             get, owner = index[name]
-            tx = eqx.tree_at(get, tx, _like(value, get(tx)), is_leaf=_is_none)
+            tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=_is_none)
             validate_hyperparameters(owner(tx))
         return self._replace(tx=tx)
 
@@ -119,9 +120,21 @@ def _is_none(x: Any) -> bool:
     return x is None
 
 
-def _like(value: Any, old: Any) -> Any:
-    """`value` converted the way the field it replaces was (weak arrays, schedules)."""
+def _like(value: Any, old: Any, name: str) -> Any:
+    """`value` converted the way the field it replaces was (weak arrays, schedules).
+
+    A number replacing a schedule becomes a constant schedule, so the state (which counts
+    steps for the schedule) keeps its structure. A schedule cannot replace a number: the
+    state has no step count for it.
+    """
     value = as_schedule(as_hyperparameter(value))
+    if is_schedule(old) and not is_schedule(value):
+        return ConstantSchedule(value)
+    if is_schedule(value) and not is_schedule(old):
+        raise ValueError(
+            f"{name} was given as a number when the optimizer was made, so its state has no step "
+            f"count for a schedule: build a new Optimizer with the schedule instead."
+        )
     if isinstance(value, jax.Array) and isinstance(old, jax.Array) and not isinstance(value, jax.core.Tracer):
         if value.dtype != old.dtype:
             value = as_hyperparameter(value.item()) if value.ndim == 0 and old.weak_type else value.astype(old.dtype)

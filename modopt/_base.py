@@ -16,7 +16,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._fields import static, validate_hyperparameters
+from ._fields import pretty, static, validate_hyperparameters
 
 PyTree = Any
 Params = Any
@@ -81,6 +81,9 @@ class AbstractTransform(eqx.Module):
         return hash((treedef, tuple(_hashable(leaf) for leaf in leaves)))
 
     __eq__ = eqx.Module.__eq__
+
+    def __repr__(self):
+        return pretty(self)
 
 
 class AbstractComposite(AbstractTransform):

@@ -174,3 +174,24 @@ def resolve_tree(value: Any, params: Any) -> Any:
     if isinstance(value, StaticTree):
         return value.tree
     return value(params)
+
+
+def pretty(module: eqx.Module) -> str:
+    """The module's repr with concrete scalar hyperparameters shown as numbers."""
+
+    def number(leaf):
+        if isinstance(leaf, jax.Array) and is_concrete(leaf) and leaf.ndim == 0:
+            return _Number(np.asarray(leaf)[()])
+        return leaf
+
+    return eqx.tree_pformat(jax.tree_util.tree_map(number, module), short_arrays=True)
+
+
+class _Number:
+    """Prints a NumPy scalar at its own precision (`0.001`, not `0.0010000000474974513`)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return str(self.value)

@@ -5,6 +5,7 @@ Each works leaf by leaf on pytrees; `None` leaves of `updates` are carried throu
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -41,6 +42,7 @@ def update_infinity_moment(updates: Any, moments: Any, decay: Any, eps: Any) -> 
     return _map(lambda g, m: jnp.maximum(jnp.abs(g) + eps, decay * m), updates, moments)
 
 
+@functools.partial(jax.jit, inline=True)  # compiled `pow` rounds alike in eager and jitted code
 def bias_correction(moment: Any, decay: Any, count: Any) -> Any:
     """Divides a moment by `1 - decay**count`, the bias of an EMA started at zero.
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from ._base import AbstractTransform, as_transform
 from ._checks import align_gradients, check_state
-from ._fields import as_hyperparameter, as_static_tree, hyperparameter_names, resolve_tree, static, validate_hyperparameters
+from ._fields import pretty, as_hyperparameter, as_static_tree, hyperparameter_names, resolve_tree, static, validate_hyperparameters
 from ._numerics import safe_increment
 from ._updates import apply_updates
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule
@@ -77,6 +77,9 @@ class Optimizer(eqx.Module):
         )
         new_model = eqx.combine(new_params, rest)
         return new_model, self._replace(state=state, count=safe_increment(self.count))
+
+    def __repr__(self):
+        return pretty(self)
 
     # ---- hyperparameters -------------------------------------------------------------
 

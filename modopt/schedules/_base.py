@@ -10,7 +10,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._fields import Check, as_hyperparameter, hyperparameter, static, validate_hyperparameters
+from .._fields import Check, as_hyperparameter, hyperparameter, pretty, static, validate_hyperparameters
 
 
 class AbstractSchedule(eqx.Module):
@@ -26,6 +26,9 @@ class AbstractSchedule(eqx.Module):
 
     def __check_init__(self):
         validate_hyperparameters(self)
+
+    def __repr__(self):
+        return pretty(self)
 
 
 class FunctionSchedule(AbstractSchedule):

@@ -43,7 +43,8 @@ class PolynomialSchedule(AbstractSchedule):
         begin = jnp.maximum(self.transition_begin, 0)
         steps = jnp.maximum(self.transition_steps, 1)
         t = jnp.clip(count - begin, 0, steps)
-        decayed = (self.init_value - self.end_value) * (1 - t / steps) ** self.power + self.end_value
+        remaining = (steps - t) / steps  # exactly 0 at the end, where `1 - t / steps` may dip below 0
+        decayed = (self.init_value - self.end_value) * remaining**self.power + self.end_value
         return jnp.where(self.transition_steps <= 0, self.init_value, decayed)
 
 

@@ -56,7 +56,8 @@ class Optimizer(eqx.Module):
         return eqx.filter(model, self._filter(model))
 
     def _filter(self, model):
-        return resolve_tree(self.wrt, model) if not callable(self.wrt) else self.wrt
+        # A callable `wrt` is a per-leaf predicate (as in `eqx.partition`); a tree is a filter spec.
+        return self.wrt if callable(self.wrt) else resolve_tree(self.wrt, model)
 
     def step(self, model: Any, grads: Any, **extra_args: Any) -> tuple[Any, Optimizer]:
         """Applies one update; returns `(new_model, new_optimizer)`.
@@ -66,14 +67,13 @@ class Optimizer(eqx.Module):
         params, rest = eqx.partition(model, self._filter(model))
         grads = align_gradients(model, params, grads)
         check_state(self.tx, self.state, params)
-        has_grad = jax.tree_util.tree_map(lambda p, g: g is not None, params, grads, is_leaf=_is_none)
-        zeros_for_missing = jax.tree_util.tree_map(
-            lambda p, g: g if g is not None or p is None else jnp.zeros_like(p), params, grads, is_leaf=_is_none
+        # A trainable leaf with a `None` gradient: the transform sees zeros, the leaf is kept.
+        filled = jax.tree_util.tree_map(
+            lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=_is_none
         )
-        updates, state = self.tx.update(zeros_for_missing, self.state, params, **extra_args)
-        new_params = apply_updates(params, updates)
+        updates, state = self.tx.update(filled, self.state, params, **extra_args)
         new_params = jax.tree_util.tree_map(
-            lambda keep, new, old: new if keep else old, has_grad, new_params, params, is_leaf=_is_none
+            lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=_is_none
         )
         new_model = eqx.combine(new_params, rest)
         return new_model, self._replace(state=state, count=safe_increment(self.count))

@@ -15,7 +15,7 @@ from ._checks import align_gradients, check_state
 from ._fields import pretty, as_hyperparameter, as_static_tree, hyperparameter_names, resolve_tree, static, validate_hyperparameters
 from ._numerics import safe_increment
 from ._updates import apply_updates
-from .schedules._base import AbstractSchedule, as_schedule, is_schedule
+from .schedules._base import AbstractSchedule, as_schedule, is_schedule, value_at
 from .schedules._schedules import ConstantSchedule
 
 
@@ -94,7 +94,7 @@ class Optimizer(eqx.Module):
         value = self.hyperparameters.get("learning_rate")
         if value is None:
             raise AttributeError(f"{type(self.tx).__name__} has no hyperparameter named learning_rate.")
-        return value(self.count) if is_schedule(value) else value
+        return value_at(value, self.count)
 
     def set(self, **values: Any) -> Optimizer:
         """A copy with hyperparameters replaced by name, e.g. `optimizer.set(learning_rate=1e-4)`.

@@ -58,11 +58,11 @@ def _describe(expected: Any, found: Any, where: str) -> str:
     return f"a different {type(found).__name__} at {where}: expected {_node(expected)}, found {_node(found)}"
 
 
+_KINDS = ((jnp.complexfloating, "complex"), (jnp.floating, "floating"), (jnp.integer, "integer"), (jnp.bool_, "bool"))
+
+
 def _kind(dtype) -> str:
-    for kind in (jnp.complexfloating, jnp.floating, jnp.integer, jnp.bool_):
-        if jnp.issubdtype(dtype, kind):
-            return {jnp.complexfloating: "complex", jnp.floating: "floating", jnp.integer: "integer"}.get(kind, "bool")
-    return str(dtype)
+    return next((name for kind, name in _KINDS if jnp.issubdtype(dtype, kind)), str(dtype))
 
 
 def align_gradients(model: Any, params: Any, grads: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from .._fields import NONNEGATIVE, POSITIVE, as_hyperparameter, hyperparameter, is_concrete
-from ._base import AbstractSchedule, as_schedule
+from ._base import AbstractSchedule, as_schedule, value_at
 
 
 class ConstantSchedule(AbstractSchedule):
@@ -94,14 +94,10 @@ class JoinSchedules(AbstractSchedule):
         self.boundaries = tuple(as_hyperparameter(b) for b in boundaries)
 
     def __call__(self, count):
-        value = _evaluate(self.schedules[0], count)
+        value = value_at(self.schedules[0], count)
         for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
-            value = jnp.where(count < boundary, value, _evaluate(schedule, count - boundary))
+            value = jnp.where(count < boundary, value, value_at(schedule, count - boundary))
         return value
-
-
-def _evaluate(schedule, count):
-    return schedule(count) if callable(schedule) else schedule
 
 
 class WarmupCosineDecaySchedule(AbstractSchedule):

@@ -8,6 +8,7 @@ protocol). `modopt.Optimizer` wraps one with its state for `optimizer.step(model
 from . import combinators as combinators
 from . import optimizers as optimizers
 from . import schedules as schedules
+from . import sharding as sharding
 from . import transforms as transforms
 from ._base import AbstractComposite as AbstractComposite
 from ._base import AbstractTransform as AbstractTransform

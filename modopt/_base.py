@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from ._fields import pretty, static, validate_hyperparameters
+from ._specs import follow_params
 
 PyTree = Any
 Params = Any
@@ -71,6 +72,17 @@ class AbstractTransform(eqx.Module):
     ) -> tuple[Updates, OptState]:
         """Transforms `updates` (usually gradients); returns `(new_updates, new_state)`."""
 
+    def state_specs(self, params: Params, param_specs: PyTree) -> PyTree:
+        """The `PartitionSpec` of every array leaf of `self.init(params)`.
+
+        `params` may be abstract (`jax.ShapeDtypeStruct` leaves, `None` where frozen) and
+        `param_specs` holds a `PartitionSpec` per parameter. The default rule goes by shape:
+        state shaped like the parameters follows them and scalars are replicated (see
+        `modopt._specs.follow_params`). Transforms whose state is reduced or factored override
+        it; combinators ask their parts. `modopt.sharding` puts the result on a mesh.
+        """
+        return follow_params(jax.eval_shape(self.init, params), params, param_specs, type(self).__name__)
+
     def __check_init__(self):
         validate_hyperparameters(self)
 
@@ -102,6 +114,9 @@ class AbstractComposite(AbstractTransform):
 
     def update(self, updates, state, params=None, **extra_args):
         return self.build().update(updates, state, params, **extra_args)
+
+    def state_specs(self, params, param_specs):
+        return self.build().state_specs(params, param_specs)
 
 
 def _hashable(leaf: Any) -> Any:

@@ -14,9 +14,11 @@ from ._base import AbstractTransform, as_transform
 from ._checks import align_gradients, check_state
 from ._fields import pretty, as_hyperparameter, as_static_tree, hyperparameter_names, resolve_tree, static, validate_hyperparameters
 from ._numerics import safe_increment
+from ._signature import ModelSignature
 from ._updates import apply_updates
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule, value_at
 from .schedules._schedules import ConstantSchedule
+from .sharding._shardings import Layout, derive_layout
 
 
 class Optimizer(eqx.Module):
@@ -37,19 +39,48 @@ class Optimizer(eqx.Module):
         ... def train_step(model, optimizer, x, y):
         ...     grads = eqx.filter_grad(loss)(model, x, y)
         ...     return optimizer.step(model, grads)
+
+    Sharded: with `shardings=` (the model's NamedShardings or PartitionSpecs, see
+    `modopt.sharding.shardings`), the state is created directly sharded and never exists
+    whole on one device; `zero_axis=` also splits it over a data-parallel mesh axis
+    (ZeRO-1). Each step then keeps the parameters and the state on those shardings.
     """
 
     tx: AbstractTransform
     state: Any
     count: jax.Array
     wrt: Any = static()
+    signature: ModelSignature = static()
+    layout: Layout | None = static()
 
-    def __init__(self, tx: Any, model: Any, *, wrt: Any = eqx.is_inexact_array):
-        self.tx = as_transform(tx, "Optimizer")
+    def __init__(
+        self,
+        tx: Any,
+        model: Any,
+        *,
+        wrt: Any = eqx.is_inexact_array,
+        shardings: Any = None,
+        mesh: Any = None,
+        zero_axis: str | None = None,
+    ):
+        # The optimizer owns copies of the hyperparameters: donating it must not delete `tx`'s.
+        self.tx = jax.tree_util.tree_map(jnp.copy, as_transform(tx, "Optimizer"))
         self.wrt = as_static_tree(wrt)
         params = self.trainable(model)
-        self.state = _unaliased(self.tx.init(params), params)
-        self.count = jnp.zeros([], jnp.int32)
+        self.signature = ModelSignature(model, params)
+        if shardings is None:
+            if mesh is not None or zero_axis is not None:
+                raise ValueError("Optimizer: `mesh` and `zero_axis` need `shardings=` (the model's shardings).")
+            self.layout = None
+            self.state = _unaliased(self.tx.init(params), params)
+            self.count = jnp.zeros([], jnp.int32)
+            return
+        abstract_state = jax.eval_shape(self.tx.init, params)
+        self.layout = derive_layout(self.tx, self.signature, abstract_state, shardings, mesh, zero_axis)
+        replicated = self.layout.replicated
+        self.state = jax.jit(self.tx.init, out_shardings=self.layout.state)(params)
+        self.tx = jax.device_put(self.tx, replicated, may_alias=False)
+        self.count = jax.device_put(jnp.zeros([], jnp.int32), replicated)
 
     def trainable(self, model: Any) -> Any:
         """The trainable leaves of `model`, with `None` everywhere else."""
@@ -71,10 +102,28 @@ class Optimizer(eqx.Module):
         filled = jax.tree_util.tree_map(
             lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=_is_none
         )
-        updates, state = self.tx.update(filled, self.state, params, **extra_args)
+        mesh = _explicit_mesh(params)
+        if mesh is None:
+            updates, state = self.tx.update(filled, self.state, params, **extra_args)
+        else:
+            # Explicit mesh axes type every array's sharding, and a ZeRO-split state would
+            # clash with the gradients it meets. The update runs on Auto axes instead, and
+            # its results come back sharded like the parameters and the old state.
+            arrays, other = eqx.partition((self.tx, filled, self.state, params, extra_args), eqx.is_array)
+
+            def update(arrays):
+                tx, *args, extra = eqx.combine(arrays, other)
+                return tx.update(*args, **extra)
+
+            out_sharding = (_specs_of(params), _specs_of(self.state))
+            with jax.sharding.use_abstract_mesh(mesh):
+                updates, state = jax.sharding.auto_axes(update, out_sharding=out_sharding)(arrays)
         new_params = jax.tree_util.tree_map(
             lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=_is_none
         )
+        if self.layout is not None:
+            new_params = jax.tree_util.tree_map(_constrain, new_params, self.layout.params)
+            state = jax.tree_util.tree_map(_constrain, state, self.layout.state)
         new_model = eqx.combine(new_params, rest)
         return new_model, self._replace(state=state, count=safe_increment(self.count))
 
@@ -121,6 +170,31 @@ class Optimizer(eqx.Module):
 
 def _is_none(x: Any) -> bool:
     return x is None
+
+
+def _is_explicit(sharding: Any) -> bool:
+    mesh = getattr(sharding, "mesh", None)
+    return mesh is not None and jax.sharding.AxisType.Explicit in getattr(mesh, "axis_types", ())
+
+
+def _constrain(x: jax.Array, sharding: Any) -> jax.Array:
+    """`x` laid out as `sharding` (a reshard on Explicit mesh axes, a constraint on Auto ones)."""
+    if _is_explicit(sharding):
+        return jax.sharding.reshard(x, sharding)
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _explicit_mesh(tree: Any) -> Any:
+    """The mesh of `tree`'s arrays if their shardings are typed on Explicit mesh axes, else `None`."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        sharding = jax.typeof(leaf).sharding
+        if _is_explicit(sharding):
+            return sharding.mesh
+    return None
+
+
+def _specs_of(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: jax.typeof(x).sharding.spec, tree)
 
 
 def _like(value: Any, old: Any, name: str) -> Any:

@@ -28,6 +28,9 @@ class Chain(AbstractTransform):
             new_state.append(inner)
         return updates, tuple(new_state)
 
+    def state_specs(self, params, param_specs):
+        return tuple(t.state_specs(params, param_specs) for t in self.transforms)
+
 
 class NamedChain(AbstractTransform):
     """Like `Chain`, with each transform named; the state is an ordered dict by name."""
@@ -56,6 +59,9 @@ class NamedChain(AbstractTransform):
         for name, transform in zip(self.names, self.transforms):
             updates, new_state[name] = transform.update(updates, state[name], params, **extra_args)
         return updates, new_state
+
+    def state_specs(self, params, param_specs):
+        return OrderedDict((name, t.state_specs(params, param_specs)) for name, t in zip(self.names, self.transforms))
 
 
 def _check_length(state: Any, expected: int, where: str) -> None:

@@ -46,6 +46,10 @@ class Masked(AbstractTransform):
         mask = resolve_tree(self.mask, params)
         return MaskedState(inner_state=self.inner.init(mask_tree(params, mask)))
 
+    def state_specs(self, params, param_specs):
+        mask = resolve_tree(self.mask, params)
+        return MaskedState(inner_state=self.inner.state_specs(mask_tree(params, mask), mask_tree(param_specs, mask)))
+
     def update(self, updates, state, params=None, **extra_args):
         mask = resolve_tree(self.mask, updates)
         if self.mask_compatible_extra_args:

@@ -59,6 +59,9 @@ class Partition(AbstractTransform):
     def init(self, params):
         return PartitionState({label: g.init(params) for label, g in self._groups(params).items()})
 
+    def state_specs(self, params, param_specs):
+        return PartitionState({label: g.state_specs(params, param_specs) for label, g in self._groups(params).items()})
+
     def update(self, updates, state, params=None, **extra_args):
         new_states = {}
         for label, group in self._groups(updates).items():

@@ -12,6 +12,7 @@ import numpy as np
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, UNIT, hyperparameter, static
 from .._numerics import abs_sq, safe_increment
+from .._specs import REPLICATED, drop_axis
 from ._scale import _require_params
 
 
@@ -83,6 +84,20 @@ class ScaleByFactoredRms(AbstractTransform):
 
         leaves, treedef = jax.tree_util.tree_flatten(params)
         return _factored_state(jnp.zeros([], jnp.int32), treedef, [one(p) for p in leaves])
+
+    def state_specs(self, params, param_specs):
+        # Row and column statistics drop the reduced axis from the parameter's spec; the
+        # `(1,)` placeholders are replicated.
+        def one(p, spec):
+            dims = self._dims(p)
+            if dims is None:
+                return REPLICATED, REPLICATED, spec
+            d1, d0 = dims
+            return drop_axis(spec, p.ndim, d0), drop_axis(spec, p.ndim, d1), REPLICATED
+
+        treedef = jax.tree_util.tree_structure(params)
+        stats = [one(p, spec) for p, spec in zip(treedef.flatten_up_to(params), treedef.flatten_up_to(param_specs))]
+        return _factored_state(REPLICATED, treedef, stats)
 
     def update(self, updates, state, params=None, **extra_args):
         _require_params(params, self)

@@ -1,0 +1,51 @@
+"""`ModelSignature`: which leaves of a model an optimizer trains, with their shapes and dtypes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+class ModelSignature:
+    """The model's tree structure and, per leaf, a `jax.ShapeDtypeStruct` if trained, else `None`.
+
+    An `Optimizer` keeps it as a static field, so that its state's sharding can be derived
+    from the model's shardings alone. It is hashed once and compared by identity first, so it
+    adds nothing measurable to a jitted step's cache lookup.
+    """
+
+    __slots__ = ("treedef", "leaves", "_hash")
+
+    def __init__(self, model: Any, params: Any):
+        self.treedef = jax.tree_util.tree_structure(model)
+        self.leaves = tuple(
+            None if p is None else jax.ShapeDtypeStruct(p.shape, p.dtype) for p in self.treedef.flatten_up_to(params)
+        )
+        self._hash = hash((self.treedef, self.leaves))
+
+    def params(self) -> Any:
+        """The trained parameters as abstract arrays, `None` elsewhere (as `eqx.filter` gives)."""
+        return self.treedef.unflatten(self.leaves)
+
+    def paths(self) -> list[str]:
+        """The path of each of the model's leaves, e.g. `.layers[0].weight`."""
+        numbered = self.treedef.unflatten(range(self.treedef.num_leaves))
+        return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(numbered)[0]]
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        return (
+            isinstance(other, ModelSignature)
+            and self._hash == other._hash
+            and self.treedef == other.treedef
+            and self.leaves == other.leaves
+        )
+
+    def __repr__(self):
+        trained = sum(leaf is not None for leaf in self.leaves)
+        return f"ModelSignature({trained} of {len(self.leaves)} leaves trained)"

@@ -1,0 +1,93 @@
+"""Partition specs of optimizer state, derived from the parameters' specs (no mesh needed).
+
+Every transform answers `state_specs(params, param_specs)`: the `PartitionSpec` of each leaf
+of `init(params)`. The default, `follow_params`, works by shape; transforms with reduced or
+factored state declare their own rule, and combinators ask their parts. `modopt.sharding`
+turns the specs into `NamedSharding`s on a mesh and checks them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec
+
+REPLICATED = PartitionSpec()
+
+
+class NoRule:
+    """Stands in for the spec of a state leaf that no rule places.
+
+    `modopt.sharding` turns it into an error naming the leaf's path, so an unplaceable state
+    is never replicated silently.
+    """
+
+    def __init__(self, owner: str, shape: tuple[int, ...]):
+        self.owner = owner
+        self.shape = shape
+
+    def __repr__(self):
+        return f"NoRule({self.owner}, {self.shape})"
+
+
+def is_spec(x: Any) -> bool:
+    """Leaves of a specs tree: `PartitionSpec`s and `NoRule` markers."""
+    return isinstance(x, (PartitionSpec, NoRule))
+
+
+def padded(spec: PartitionSpec, ndim: int) -> tuple:
+    """The entries of `spec` for an array of rank `ndim` (missing trailing entries are `None`)."""
+    return tuple(spec) + (None,) * (ndim - len(spec))
+
+
+def drop_axis(spec: PartitionSpec, ndim: int, axis: int) -> PartitionSpec:
+    """The spec of a reduction over `axis` of an array of rank `ndim` with spec `spec`."""
+    entries = list(padded(spec, ndim))
+    del entries[axis]
+    return PartitionSpec(*entries)
+
+
+def _leaf_spec(leaf: Any, param: Any, spec: PartitionSpec) -> PartitionSpec | None:
+    """The spec of a state leaf paired with a parameter, or `None` if the shapes don't relate.
+
+    Same shape: the parameter's spec. Shape `(*extra, *param.shape)` (a history, a stack of
+    copies): the parameter's spec with the extra leading axes unsplit. Scalar: replicated.
+    """
+    shape, param_shape = tuple(leaf.shape), tuple(param.shape)
+    if shape == param_shape:
+        return spec
+    extra = len(shape) - len(param_shape)
+    if extra > 0 and shape[extra:] == param_shape:
+        return PartitionSpec(*((None,) * extra + padded(spec, len(param_shape))))
+    if shape == ():
+        return REPLICATED
+    return None
+
+
+def follow_params(state: Any, params: Any, param_specs: Any, owner: str) -> Any:
+    """Specs for `state` by shape: the generic rule of `AbstractTransform.state_specs`.
+
+    Each subtree of `state` with the structure of `params` (moments, traces) follows the
+    parameters leaf by leaf (see `_leaf_spec`). Scalars elsewhere (counters) are replicated.
+    Any other leaf gets a `NoRule` marker naming `owner`, the transform that should declare
+    a rule.
+    """
+    treedef = jax.tree_util.tree_structure(params)
+    param_leaves = treedef.flatten_up_to(params)
+    spec_leaves = treedef.flatten_up_to(param_specs)
+
+    def visit(node):
+        if jax.tree_util.tree_structure(node) == treedef:
+            specs = [_leaf_spec(s, p, ps) for s, p, ps in zip(treedef.flatten_up_to(node), param_leaves, spec_leaves)]
+            if all(spec is not None for spec in specs):
+                return treedef.unflatten(specs)
+        structure = jax.tree_util.tree_structure(node)
+        if structure.num_leaves == 0:
+            return node
+        if jax.tree_util.treedef_is_leaf(structure):
+            return REPLICATED if tuple(node.shape) == () else NoRule(owner, tuple(node.shape))
+        children, node_def = jax.tree_util.tree_flatten(node, is_leaf=lambda x: x is not node)
+        return node_def.unflatten([visit(child) for child in children])
+
+    return visit(state)

@@ -1,0 +1,16 @@
+"""Sharding an optimizer's state on a mesh, for `jax.jit`-sharded training.
+
+`shardings(optimizer, model_shardings)` derives the `NamedSharding` of every leaf of an
+optimizer from the model's shardings, for any composition of transforms; `zero_axis=`
+adds ZeRO-1. `bytes_per_device` plans memory from abstract values. Transforms declare how
+their state is laid out in `state_specs` (see `modopt.AbstractTransform`), with the helpers
+below for writing such rules.
+"""
+
+from .._specs import REPLICATED as REPLICATED
+from .._specs import NoRule as NoRule
+from .._specs import drop_axis as drop_axis
+from .._specs import follow_params as follow_params
+from ._shardings import Layout as Layout
+from ._shardings import bytes_per_device as bytes_per_device
+from ._shardings import shardings as shardings

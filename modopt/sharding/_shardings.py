@@ -1,0 +1,217 @@
+"""Shardings of an optimizer on a mesh, derived from the model's shardings, and checked."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .._checks import _first_difference
+from .._signature import ModelSignature
+from .._specs import NoRule, is_spec, padded
+
+
+class Layout:
+    """The `NamedSharding` of every trained parameter and every state leaf of an optimizer.
+
+    Static and hashable (hashed once), so an `Optimizer` can keep it and re-impose it on
+    each step's results.
+    """
+
+    __slots__ = ("mesh", "params", "state", "_key")
+
+    def __init__(self, mesh: Any, params: Any, state: Any):
+        self.mesh = mesh
+        self.params = params  # the params' structure (`None` where frozen)
+        self.state = state  # the state's structure
+        self._key = (
+            jax.tree_util.tree_structure(params),
+            tuple(jax.tree_util.tree_leaves(params)),
+            jax.tree_util.tree_structure(state),
+            tuple(jax.tree_util.tree_leaves(state)),
+        )
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, Layout) and self._key == other._key)
+
+    def __repr__(self):
+        return f"Layout(mesh={dict(self.mesh.shape)})"
+
+
+def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_axis: str | None = None) -> Any:
+    """The `NamedSharding` of every array leaf of `optimizer`, as a tree of its structure.
+
+    `optimizer` is a `modopt.Optimizer`, concrete or abstract (from `jax.eval_shape`).
+    `model_shardings` has the model's structure (or is one sharding for all of it), with a
+    `NamedSharding` or a `PartitionSpec` for each trained leaf; other leaves may be anything.
+    PartitionSpecs are put on `mesh`, or on the mesh set with `jax.set_mesh`.
+
+    - State shaped like a parameter follows the parameter; reduced or factored state
+      follows each transform's `state_specs` rule; counters and hyperparameters are
+      replicated.
+    - `zero_axis` (ZeRO-1) also splits every non-scalar state leaf over that mesh axis:
+      along the largest dimension not yet split whose size the axis divides, else along a
+      split dimension that stays divisible. A leaf with no such dimension (a small bias of
+      odd size) stays replicated along the axis.
+    - A layout that cannot work is a `ValueError` naming the path.
+
+    The result can be given as `out_shardings` of a jitted init or step.
+
+    Example:
+        >>> opt_shardings = modopt.sharding.shardings(optimizer, model_shardings, zero_axis="data")
+        >>> step = jax.jit(train_step, out_shardings=(model_shardings, opt_shardings), donate_argnums=(0, 1))
+    """
+    if not isinstance(getattr(optimizer, "signature", None), ModelSignature):
+        raise TypeError(f"shardings expects a modopt.Optimizer, got {type(optimizer).__name__}.")
+    layout = derive_layout(optimizer.tx, optimizer.signature, optimizer.state, model_shardings, mesh, zero_axis)
+    replicated = layout.replicated
+    return optimizer._replace(
+        tx=jax.tree_util.tree_map(lambda _: replicated, optimizer.tx),
+        state=layout.state,
+        count=replicated,
+    )
+
+
+def derive_layout(tx: Any, signature: ModelSignature, state: Any, model_shardings: Any, mesh: Any, zero_axis: str | None) -> Layout:
+    """The checked `Layout` of `tx`'s `state` for a model with `signature` and `model_shardings`."""
+    param_specs, mesh = _param_specs(signature, model_shardings, mesh)
+    if zero_axis is not None and zero_axis not in mesh.shape:
+        raise ValueError(f"zero_axis={zero_axis!r} is not an axis of the mesh, whose axes are {tuple(mesh.axis_names)}.")
+    state_specs = tx.state_specs(signature.params(), param_specs)
+    state_def = jax.tree_util.tree_structure(state)
+    if jax.tree_util.tree_structure(state_specs, is_leaf=is_spec) != state_def:
+        raise ValueError(
+            f"The state_specs rule of {type(tx).__name__} does not match its state: found "
+            f"{_first_difference(state, state_specs)}."
+        )
+    placed = []
+    for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(state)[0], state_def.flatten_up_to(state_specs)):
+        where = f"the optimizer state at state{jax.tree_util.keystr(path)}"
+        shape = tuple(np.shape(leaf))
+        if isinstance(spec, NoRule):
+            raise ValueError(
+                f"No sharding rule places {where} (shape {shape}): it is neither a scalar nor shaped "
+                f"like a parameter. {spec.owner} must declare its layout in a `state_specs` method."
+            )
+        if zero_axis is not None:
+            spec = _with_axis(spec, shape, zero_axis, mesh)
+        _check(spec, shape, mesh, where)
+        placed.append(NamedSharding(mesh, spec))
+    params = signature.treedef.unflatten(
+        [None if s is None else NamedSharding(mesh, s) for s in signature.treedef.flatten_up_to(param_specs)]
+    )
+    return Layout(mesh, params, state_def.unflatten(placed))
+
+
+def _param_specs(signature: ModelSignature, model_shardings: Any, mesh: Any) -> tuple[Any, Any]:
+    """A `PartitionSpec` per trained parameter (the params' structure), and the mesh."""
+    treedef = signature.treedef
+    if isinstance(model_shardings, (NamedSharding, PartitionSpec)):
+        given = [model_shardings] * treedef.num_leaves
+    else:
+        try:
+            given = treedef.flatten_up_to(model_shardings)
+        except (ValueError, TypeError):
+            found = _first_difference(treedef.unflatten(range(treedef.num_leaves)), model_shardings)
+            raise ValueError(f"The model shardings do not have the model's structure: found {found}.") from None
+    meshes = {s.mesh for s in given if isinstance(s, NamedSharding)}
+    if mesh is None and len(meshes) > 1:
+        raise ValueError(f"The model shardings use {len(meshes)} different meshes; the optimizer needs one.")
+    if mesh is None:
+        mesh = meshes.pop() if meshes else jax.sharding.get_mesh()
+    if mesh.empty:
+        raise ValueError(
+            "PartitionSpecs need a mesh: pass `mesh=`, use NamedShardings, or set one with `jax.set_mesh(mesh)`."
+        )
+    specs = []
+    for path, leaf, sharding in zip(signature.paths(), signature.leaves, given):
+        if leaf is None:
+            specs.append(None)
+            continue
+        where = f"the parameter at {path or 'the root'}"
+        if isinstance(sharding, NamedSharding):
+            if sharding.mesh != mesh:
+                raise ValueError(f"The sharding of {where} is on another mesh than {mesh}.")
+            sharding = sharding.spec
+        if not isinstance(sharding, PartitionSpec):
+            raise TypeError(
+                f"The model shardings give a {type(sharding).__name__} for {where}; expected a NamedSharding "
+                "or a PartitionSpec (PartitionSpec() to replicate it)."
+            )
+        _check(sharding, leaf.shape, mesh, where)
+        specs.append(sharding)
+    return treedef.unflatten(specs), mesh
+
+
+def _axis_names(entry: Any) -> tuple[str, ...]:
+    if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _check(spec: PartitionSpec, shape: tuple[int, ...], mesh: Any, where: str) -> None:
+    """Raises `ValueError` naming `where` if `spec` cannot shard an array of `shape` on `mesh`."""
+    problem = f"Cannot shard {where} (shape {tuple(shape)}) as {spec}"
+    if len(spec) > len(shape):
+        raise ValueError(f"{problem}: the spec has {len(spec)} entries but the array has rank {len(shape)}.")
+    used: set[str] = set()
+    for dim, entry in enumerate(spec):
+        names = _axis_names(entry)
+        for name in names:
+            if name not in mesh.shape:
+                raise ValueError(f"{problem}: {name!r} is not an axis of the mesh, whose axes are {tuple(mesh.axis_names)}.")
+            if name in used:
+                raise ValueError(f"{problem}: mesh axis {name!r} is used twice.")
+            used.add(name)
+        ways = math.prod(mesh.shape[name] for name in names)
+        if shape[dim] % ways:
+            raise ValueError(
+                f"{problem}: dimension {dim} has size {shape[dim]}, which the {ways} devices of mesh "
+                f"axis {'x'.join(names)} do not divide."
+            )
+
+
+def _with_axis(spec: PartitionSpec, shape: tuple[int, ...], axis: str, mesh: Any) -> PartitionSpec:
+    """`spec` further split over mesh axis `axis` (ZeRO-1), where a dimension allows it."""
+    entries = list(padded(spec, len(shape)))
+    if not shape or any(axis in _axis_names(entry) for entry in entries):
+        return spec
+    size = mesh.shape[axis]
+    ways = [math.prod(mesh.shape[n] for n in _axis_names(entry)) for entry in entries]
+    fits = [d for d in range(len(shape)) if shape[d] % (ways[d] * size) == 0]
+    if not fits:
+        return spec  # too small or indivisible: replicated along `axis`
+    dim = max(fits, key=lambda d: (ways[d] == 1, shape[d] // ways[d]))
+    entries[dim] = axis if ways[dim] == 1 else (*_axis_names(entries[dim]), axis)
+    return PartitionSpec(*entries)
+
+
+def bytes_per_device(tree: Any, shardings: Any = None) -> int:
+    """The bytes each device holds of `tree`'s arrays, computed from shapes alone.
+
+    `tree` may be abstract (from `jax.eval_shape`). `shardings` has its structure (for
+    instance from `shardings(...)`); without it, each leaf's own `.sharding` is used, and a
+    leaf without one counts whole.
+    """
+    leaves = jax.tree_util.tree_leaves(tree)
+    if shardings is None:
+        given = [getattr(leaf, "sharding", None) for leaf in leaves]
+    else:
+        given = jax.tree_util.tree_structure(tree).flatten_up_to(shardings)
+    total = 0
+    for leaf, sharding in zip(leaves, given):
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            continue
+        shape = sharding.shard_shape(tuple(leaf.shape)) if sharding is not None else leaf.shape
+        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+    return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import equinox as eqx
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
@@ -87,7 +88,7 @@ def derive_layout(tx: Any, signature: ModelSignature, state: Any, model_sharding
     param_specs, mesh = _param_specs(signature, model_shardings, mesh)
     if zero_axis is not None and zero_axis not in mesh.shape:
         raise ValueError(f"zero_axis={zero_axis!r} is not an axis of the mesh, whose axes are {tuple(mesh.axis_names)}.")
-    state_specs = tx.state_specs(signature.params(), param_specs)
+    state_specs = _state_specs(tx, signature.params(), param_specs)
     state_def = jax.tree_util.tree_structure(state)
     if jax.tree_util.tree_structure(state_specs, is_leaf=is_spec) != state_def:
         raise ValueError(
@@ -111,6 +112,22 @@ def derive_layout(tx: Any, signature: ModelSignature, state: Any, model_sharding
         [None if s is None else NamedSharding(mesh, s) for s in signature.treedef.flatten_up_to(param_specs)]
     )
     return Layout(mesh, params, state_def.unflatten(placed))
+
+
+def _state_specs(tx: Any, params: Any, param_specs: Any) -> Any:
+    """`tx.state_specs(...)`, also for an abstract `tx` (from `jax.eval_shape`).
+
+    Rules depend on structure, not on hyperparameter values, so they run on traced values.
+    """
+    arrays, other = eqx.partition(tx, lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))
+    found = []
+
+    def trace(arrays):
+        found.append(eqx.combine(arrays, other).state_specs(params, param_specs))
+        return 0
+
+    jax.eval_shape(trace, arrays)
+    return found[0]
 
 
 def _param_specs(signature: ModelSignature, model_shardings: Any, mesh: Any) -> tuple[Any, Any]:

@@ -1,0 +1,196 @@
+"""Sharded checks on 8 simulated CPU devices, run in a subprocess by `test_sharded.py`.
+
+Usage: `python sharded_worker.py CASE [ARG]`. The device count must be set before jax is
+imported, and a hung XLA collective must fail one test only, so every case runs in its own
+process. Sharded loops block on their results every step: queued sharded steps can deadlock
+XLA's CPU collectives on a 2-core machine. Exits non-zero (with the reason) on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+sys.path.insert(0, os.path.dirname(__file__))
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import modopt  # noqa: E402
+from registry import ENTRIES  # noqa: E402
+
+STEPS = 3
+# The registry's leaf names (its masks and labels use them), with shapes the 4-way "model"
+# axis divides. "big" is a matrix Adafactor factors; its row statistic drops the split axis.
+SHAPES = {"matrix": (6, 8), "vector": (8,), "scalar": (), "cube": (2, 3, 4), "big": (130, 136)}
+SPECS = {"matrix": P(None, "model"), "vector": P("model"), "scalar": P(), "cube": P(None, None, "model"), "big": P(None, "model")}
+
+
+def make_mesh(kind: str = "auto"):
+    axis_type = AxisType.Explicit if kind == "explicit" else AxisType.Auto
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type, axis_type))
+
+
+def named(mesh, specs):
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def make_params():
+    keys = jax.random.split(jax.random.key(0), len(SHAPES))
+    return {name: jax.random.normal(k, shape) for k, (name, shape) in zip(keys, SHAPES.items())}
+
+
+def make_grads(step):
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), len(SHAPES))
+    return {name: jax.random.normal(k, shape) for k, (name, shape) in zip(keys, SHAPES.items())}
+
+
+def assert_close(ours, reference, what, tolerance):
+    flat_ours = jax.tree_util.tree_flatten_with_path(ours)[0]
+    flat_ref = jax.tree_util.tree_leaves(reference)
+    assert len(flat_ours) == len(flat_ref), f"{what}: {len(flat_ours)} leaves, expected {len(flat_ref)}"
+    for (path, a), b in zip(flat_ours, flat_ref):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tolerance, atol=tolerance,
+            err_msg=f"{what} at {jax.tree_util.keystr(path)}",
+        )
+
+
+def assert_placed(tree, shardings, what):
+    """Every array of `tree` lies exactly as `shardings` says."""
+    for (path, leaf), sharding in zip(
+        jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree_util.tree_structure(tree).flatten_up_to(shardings)
+    ):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), (
+            f"{what} at {jax.tree_util.keystr(path)} is {leaf.sharding}, expected {sharding}"
+        )
+
+
+def reference_run(tx, steps=STEPS):
+    """The same steps on one device."""
+    step = eqx.filter_jit(lambda p, o, g: o.step(p, g))
+    params, optimizer = make_params(), modopt.Optimizer(tx, make_params())
+    for i in range(steps):
+        params, optimizer = step(params, optimizer, make_grads(i))
+    return params, optimizer
+
+
+def registry(name: str) -> None:
+    """One registry entry, on the 2x4 mesh with parameters split over "model", then with ZeRO-1.
+
+    The derived shardings serve as `out_shardings` of a jitted init and a jitted, donated
+    step; the arrays land as derived, and the steps equal the single-device steps.
+    """
+    entry = next(e for e in ENTRIES if e.name == name)
+    tx = entry.make()
+    mesh = make_mesh()
+    param_shardings = named(mesh, SPECS)
+    abstract = eqx.filter_eval_shape(modopt.Optimizer, tx, make_params())
+    reference_params, reference = reference_run(tx)
+    tolerance = max(entry.tolerance, 1e-5)
+    plain = modopt.sharding.shardings(abstract, param_shardings)
+    zero = modopt.sharding.shardings(abstract, param_shardings, zero_axis="data")
+
+    for opt_shardings in (plain, zero):
+        params = jax.device_put(make_params(), param_shardings)
+        optimizer = jax.jit(lambda p: modopt.Optimizer(tx, p), out_shardings=opt_shardings)(params)
+        assert_placed(optimizer, opt_shardings, "initial optimizer")
+        step = jax.jit(
+            lambda p, o, g: o.step(p, g), out_shardings=(param_shardings, opt_shardings), donate_argnums=(0, 1)
+        )
+        for i in range(STEPS):
+            params, optimizer = step(params, optimizer, jax.device_put(make_grads(i), param_shardings))
+            jax.block_until_ready((params, optimizer))
+        assert_placed(optimizer, opt_shardings, "optimizer after steps")
+        assert_close(params, reference_params, "params", tolerance)
+        assert_close(optimizer.state, reference.state, "state", tolerance)
+
+    # ZeRO-1 halves (the data axis has 2 devices) what each device holds of the large leaves.
+    for (path, leaf), plain_sharding in zip(
+        jax.tree_util.tree_flatten_with_path(optimizer.state)[0], jax.tree_util.tree_leaves(plain.state)
+    ):
+        if leaf.size >= 1024:
+            held = max(shard.data.nbytes for shard in leaf.addressable_shards)
+            unsplit = int(np.prod(plain_sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+            assert held * 2 == unsplit, f"state{jax.tree_util.keystr(path)}: {held} bytes per device, {unsplit} without ZeRO"
+    print(f"ok {name}")
+
+
+def mlp_shardings(model, mesh):
+    """Weights over "model" (Megatron style: hidden units split), biases alike, the rest replicated."""
+
+    def spec(path, leaf):
+        if not eqx.is_array(leaf):
+            return None
+        name = jax.tree_util.keystr(path)
+        if name.startswith(".layers[0]"):
+            return P("model", None) if leaf.ndim == 2 else P("model")
+        if name.startswith(".layers[1]"):
+            return P(None, "model") if leaf.ndim == 2 else P()
+        return P()
+
+    return named(mesh, jax.tree_util.tree_map_with_path(spec, model))
+
+
+def mse(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def mse_on_auto_axes(model, x, y):
+    # Under Explicit axes, eqx.nn.Linear's matmuls would need an out_sharding each; the loss
+    # runs on Auto axes instead (the optimizer itself needs no such help).
+    arrays, rest = eqx.partition(model, eqx.is_array)
+    return jax.sharding.auto_axes(lambda a, x, y: mse(eqx.combine(a, rest), x, y), out_sharding=P())(arrays, x, y)
+
+
+def mlp(kind: str, zero: str = "") -> None:
+    """An MLP trained 32 steps on the 2x4 mesh (batch over "data", weights over "model") has
+    the same loss curve as on one device. The optimizer is created directly sharded."""
+    steps = 32
+    mesh = make_mesh(kind)
+    model = eqx.nn.MLP(16, 8, 32, 2, key=jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (64, 16))
+    y = jnp.sin(x[:, :8])
+    tx = modopt.adamw(3e-3, weight_decay=1e-2)
+    loss_fn = mse
+
+    @eqx.filter_jit(donate="all-except-first")
+    def step(batch, model, optimizer):
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, *batch)
+        model, optimizer = optimizer.step(model, grads)
+        return loss, model, optimizer
+
+    reference_model = jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, model)  # the loop donates it
+    reference_opt, reference_losses = modopt.Optimizer(tx, reference_model), []
+    for _ in range(steps):
+        loss, reference_model, reference_opt = step((x, y), reference_model, reference_opt)
+        reference_losses.append(float(loss))
+
+    loss_fn = mse_on_auto_axes if kind == "explicit" else mse
+    jax.set_mesh(mesh)
+    model_shardings = mlp_shardings(model, mesh)
+    batch = jax.device_put((x, y), NamedSharding(mesh, P("data", None)))
+    model = jax.tree.map(lambda x, s: x if s is None else jax.device_put(x, s), model, model_shardings)
+    optimizer = modopt.Optimizer(tx, model, shardings=model_shardings, zero_axis="data" if zero else None)
+    expected = modopt.sharding.shardings(optimizer, model_shardings, zero_axis="data" if zero else None)
+    assert_placed(optimizer, expected, "new optimizer")
+    losses = []
+    for _ in range(steps):
+        loss, model, optimizer = step(batch, model, optimizer)
+        losses.append(float(loss))  # blocks every step
+    assert_placed(optimizer, expected, "optimizer after training")
+    assert_placed(eqx.filter(model, eqx.is_array), model_shardings, "model after training")
+    np.testing.assert_allclose(losses, reference_losses, rtol=1e-5, atol=1e-7)
+    assert losses[-1] < 0.5 * losses[0], losses
+    print(f"ok mlp {kind} zero={bool(zero)}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+CASES = {"registry": registry, "mlp": mlp}
+
+if __name__ == "__main__":
+    CASES[sys.argv[1]](*sys.argv[2:])

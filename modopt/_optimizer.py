@@ -87,8 +87,11 @@ class Optimizer(eqx.Module):
         return eqx.filter(model, self._filter(model))
 
     def _filter(self, model):
+        """A bool per leaf of `model`: selected by `wrt`, and a floating or complex array."""
         # A callable `wrt` is a per-leaf predicate (as in `eqx.partition`); a tree is a filter spec.
-        return self.wrt if callable(self.wrt) else resolve_tree(self.wrt, model)
+        spec = self.wrt if callable(self.wrt) else resolve_tree(self.wrt, model)
+        selected = eqx.filter(model, spec)
+        return jax.tree_util.tree_map(lambda x, s: s is not None and eqx.is_inexact_array(x), model, selected)
 
     def step(self, model: Any, grads: Any, **extra_args: Any) -> tuple[Any, Optimizer]:
         """Applies one update; returns `(new_model, new_optimizer)`.

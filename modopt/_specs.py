@@ -8,12 +8,14 @@ turns the specs into `NamedSharding`s on a mesh and checks them.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 from jax.sharding import PartitionSpec
 
 REPLICATED = PartitionSpec()
+SMALL = 1024  # elements: bookkeeping arrays up to this size are replicated by the generic rule
 
 
 class NoRule:
@@ -69,9 +71,10 @@ def follow_params(state: Any, params: Any, param_specs: Any, owner: str) -> Any:
     """Specs for `state` by shape: the generic rule of `AbstractTransform.state_specs`.
 
     Each subtree of `state` with the structure of `params` (moments, traces) follows the
-    parameters leaf by leaf (see `_leaf_spec`). Scalars elsewhere (counters) are replicated.
-    Any other leaf gets a `NoRule` marker naming `owner`, the transform that should declare
-    a rule.
+    parameters leaf by leaf (see `_leaf_spec`). Other leaves of at most `SMALL` elements
+    (counters, per-step scalars of a history) are replicated. Any larger leaf gets a `NoRule`
+    marker naming `owner`, the transform that should declare a rule: replicating it silently
+    could cost every device a large copy.
     """
     treedef = jax.tree_util.tree_structure(params)
     param_leaves = treedef.flatten_up_to(params)
@@ -86,7 +89,7 @@ def follow_params(state: Any, params: Any, param_specs: Any, owner: str) -> Any:
         if structure.num_leaves == 0:
             return node
         if jax.tree_util.treedef_is_leaf(structure):
-            return REPLICATED if tuple(node.shape) == () else NoRule(owner, tuple(node.shape))
+            return REPLICATED if math.prod(node.shape) <= SMALL else NoRule(owner, tuple(node.shape))
         children, node_def = jax.tree_util.tree_flatten(node, is_leaf=lambda x: x is not node)
         return node_def.unflatten([visit(child) for child in children])
 

@@ -101,7 +101,7 @@ def derive_layout(tx: Any, signature: ModelSignature, state: Any, model_sharding
         shape = tuple(np.shape(leaf))
         if isinstance(spec, NoRule):
             raise ValueError(
-                f"No sharding rule places {where} (shape {shape}): it is neither a scalar nor shaped "
+                f"No sharding rule places {where} (shape {shape}): it is neither small nor shaped "
                 f"like a parameter. {spec.owner} must declare its layout in a `state_specs` method."
             )
         if zero_axis is not None:

@@ -80,7 +80,7 @@ def reference_run(tx, steps=STEPS):
     return params, optimizer
 
 
-def registry(name: str) -> None:
+def registry(name: str, kind: str = "auto") -> None:
     """One registry entry, on the 2x4 mesh with parameters split over "model", then with ZeRO-1.
 
     The derived shardings serve as `out_shardings` of a jitted init and a jitted, donated
@@ -88,7 +88,7 @@ def registry(name: str) -> None:
     """
     entry = next(e for e in ENTRIES if e.name == name)
     tx = entry.make()
-    mesh = make_mesh()
+    mesh = make_mesh(kind)
     param_shardings = named(mesh, SPECS)
     abstract = eqx.filter_eval_shape(modopt.Optimizer, tx, make_params())
     reference_params, reference = reference_run(tx)
@@ -118,7 +118,7 @@ def registry(name: str) -> None:
             held = max(shard.data.nbytes for shard in leaf.addressable_shards)
             unsplit = int(np.prod(plain_sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
             assert held * 2 == unsplit, f"state{jax.tree_util.keystr(path)}: {held} bytes per device, {unsplit} without ZeRO"
-    print(f"ok {name}")
+    print(f"ok {name} {kind}")
 
 
 def mlp_shardings(model, mesh):

@@ -32,7 +32,13 @@ def run_worker(*args: str) -> str:
 @pytest.mark.parametrize("entry", ENTRIES, ids=str)
 def test_registry_entry_sharded_and_zero(entry):
     """Derived shardings work as out_shardings of a jitted init and step; steps equal one device's."""
-    assert f"ok {entry.name}" in run_worker("registry", entry.name)
+    assert f"ok {entry.name} auto" in run_worker("registry", entry.name)
+
+
+@pytest.mark.parametrize("name", ["adam", "adafactor_full", "partition", "clip_by_global_norm"])
+def test_registry_entry_on_explicit_axes(name):
+    """The same on a mesh with Explicit axes, where every array's sharding is typed."""
+    assert f"ok {name} explicit" in run_worker("registry", name, "explicit")
 
 
 @pytest.mark.parametrize("zero", ["", "zero"], ids=["plain", "zero1"])

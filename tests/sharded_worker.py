@@ -190,7 +190,22 @@ def mlp(kind: str, zero: str = "") -> None:
     print(f"ok mlp {kind} zero={bool(zero)}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
-CASES = {"registry": registry, "mlp": mlp}
+def readme() -> None:
+    """The README's "Sharded training" examples run as written."""
+    import re
+    import textwrap
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    section = text.split("## Sharded training", 1)[1].split("\n## ", 1)[0]
+    blocks = [textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", section, re.S)]
+    assert len(blocks) == 2, f"expected the example and the planning snippet, found {len(blocks)} blocks"
+    namespace: dict = {}
+    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
+    assert namespace["optimizer"].state[0].mu.layers[1].weight.sharding.spec == P("model", "data")
+    print("ok readme")
+
+
+CASES = {"registry": registry, "mlp": mlp, "readme": readme}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]](*sys.argv[2:])

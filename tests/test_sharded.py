@@ -46,3 +46,7 @@ def test_registry_entry_on_explicit_axes(name):
 def test_mlp_trains_like_one_device(kind, zero):
     """32 steps on a 2x4 mesh give one device's loss curve (Auto and Explicit axes, with ZeRO-1)."""
     assert "ok mlp" in run_worker("mlp", kind, *([zero] if zero else []))
+
+
+def test_readme_sharding_example_runs():
+    assert "ok readme" in run_worker("readme")

@@ -20,6 +20,14 @@ from ._base import from_optax as from_optax
 from ._base import init_empty_state as init_empty_state
 from ._base import with_extra_args_support as with_extra_args_support
 from ._checks import check_state as check_state
+from ._fields import NONNEGATIVE as NONNEGATIVE
+from ._fields import POSITIVE as POSITIVE
+from ._fields import PROBABILITY_EXCLUSIVE as PROBABILITY_EXCLUSIVE
+from ._fields import UNIT as UNIT
+from ._fields import Check as Check
+from ._fields import hyperparameter as hyperparameter
+from ._fields import interval as interval
+from ._fields import static as static
 from ._moments import bias_correction as bias_correction
 from ._moments import update_infinity_moment as update_infinity_moment
 from ._moments import update_moment as update_moment

@@ -12,7 +12,15 @@ import jax.numpy as jnp
 
 from ._base import AbstractTransform, as_transform
 from ._checks import align_gradients, check_state
-from ._fields import pretty, as_hyperparameter, as_static_tree, hyperparameter_names, resolve_tree, static, validate_hyperparameters
+from ._fields import (
+    as_hyperparameter,
+    as_static_tree,
+    hyperparameter_names,
+    pretty,
+    resolve_tree,
+    static,
+    validate_hyperparameters,
+)
 from ._numerics import safe_increment
 from ._signature import ModelSignature
 from ._updates import apply_updates
@@ -235,7 +243,7 @@ def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
         if isinstance(node, (AbstractTransform, AbstractSchedule)):
             names = hyperparameter_names(node)
             for name in names:
-                getter = lambda t, get=get, name=name: getattr(get(t), name)  # noqa: E731
+                getter = lambda t, get=get, name=name: getattr(get(t), name)
                 found.append((name, f"{path}.{name}".lstrip("."), getter, get))
                 visit(getattr(node, name), f"{path}.{name}", getter)  # a schedule's own numbers
             for f in dataclasses.fields(node):

@@ -15,7 +15,7 @@ class ModelSignature:
     adds nothing measurable to a jitted step's cache lookup.
     """
 
-    __slots__ = ("treedef", "leaves", "_hash")
+    __slots__ = ("_hash", "leaves", "treedef")
 
     def __init__(self, model: Any, params: Any):
         self.treedef = jax.tree_util.tree_structure(model)

@@ -14,15 +14,15 @@ import sys
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 sys.path.insert(0, os.path.dirname(__file__))
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+from registry import ENTRIES
 
-import modopt  # noqa: E402
-from registry import ENTRIES  # noqa: E402
+import modopt
 
 STEPS = 3
 # The registry's leaf names (its masks and labels use them), with shapes the 4-way "model"
@@ -197,7 +197,7 @@ def readme() -> None:
 
     text = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
     section = text.split("## Sharded training", 1)[1].split("\n## ", 1)[0]
-    blocks = [textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", section, re.S)]
+    blocks = [textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", section, re.DOTALL)]
     assert len(blocks) == 2, f"expected the example and the planning snippet, found {len(blocks)} blocks"
     namespace: dict = {}
     exec(compile("\n".join(blocks), "README.md", "exec"), namespace)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from registry import ENTRIES
 
 WORKER = os.path.join(os.path.dirname(__file__), "sharded_worker.py")

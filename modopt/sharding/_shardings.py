@@ -22,7 +22,7 @@ class Layout:
     each step's results.
     """
 
-    __slots__ = ("mesh", "params", "state", "_key")
+    __slots__ = ("_hash", "_key", "mesh", "params", "state")
 
     def __init__(self, mesh: Any, params: Any, state: Any):
         self.mesh = mesh
@@ -34,16 +34,17 @@ class Layout:
             jax.tree_util.tree_structure(state),
             tuple(jax.tree_util.tree_leaves(state)),
         )
+        self._hash = hash(self._key)
 
     @property
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
     def __hash__(self):
-        return hash(self._key)
+        return self._hash
 
     def __eq__(self, other):
-        return self is other or (isinstance(other, Layout) and self._key == other._key)
+        return self is other or (isinstance(other, Layout) and self._hash == other._hash and self._key == other._key)
 
     def __repr__(self):
         return f"Layout(mesh={dict(self.mesh.shape)})"

@@ -190,6 +190,27 @@ def mlp(kind: str, zero: str = "") -> None:
     print(f"ok mlp {kind} zero={bool(zero)}: loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
+def created() -> None:
+    """`Optimizer(..., shardings=..., zero_axis=...)` creates the state on its shardings, and the
+    compiled init allocates on each device only that device's part, never the whole state."""
+    mesh = make_mesh()
+    param_shardings = {"w": NamedSharding(mesh, P(None, "model")), "b": NamedSharding(mesh, P("model"))}
+    params = jax.device_put({"w": jnp.ones((1024, 1024)), "b": jnp.ones((1024,))}, param_shardings)
+    for tx in (modopt.adam(1e-3), modopt.adafactor(1e-2, min_dim_size_to_factor=1)):
+        optimizer = modopt.Optimizer(tx, params, shardings=param_shardings, zero_axis="data")
+        expected = modopt.sharding.shardings(optimizer, param_shardings, zero_axis="data")
+        assert_placed(optimizer, expected, f"{type(tx).__name__} created sharded")
+        per_device = modopt.sharding.bytes_per_device(optimizer.state, expected.state)
+        whole = modopt.sharding.bytes_per_device(jax.eval_shape(tx.init, params))
+        # Split 8 ways, except Adafactor's row statistic: "model" split the axis it reduces.
+        assert per_device * 3 < whole, (per_device, whole)
+        memory = jax.jit(tx.init, out_shardings=expected.state).lower(params).compile().memory_analysis()
+        allocated = memory.output_size_in_bytes + memory.temp_size_in_bytes
+        assert allocated <= per_device + 64, f"{type(tx).__name__}: init allocates {allocated} bytes per device, the state's part is {per_device}"
+        print(f"{type(tx).__name__}: {allocated} bytes allocated per device by the init, {whole} for the whole state")
+    print("ok created")
+
+
 def readme() -> None:
     """The README's "Sharded training" examples run as written."""
     import re
@@ -205,7 +226,7 @@ def readme() -> None:
     print("ok readme")
 
 
-CASES = {"registry": registry, "mlp": mlp, "readme": readme}
+CASES = {"registry": registry, "mlp": mlp, "created": created, "readme": readme}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]](*sys.argv[2:])

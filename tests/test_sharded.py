@@ -47,5 +47,9 @@ def test_mlp_trains_like_one_device(kind, zero):
     assert "ok mlp" in run_worker("mlp", kind, *([zero] if zero else []))
 
 
+def test_optimizer_created_sharded_never_whole_on_one_device():
+    assert "ok created" in run_worker("created")
+
+
 def test_readme_sharding_example_runs():
     assert "ok readme" in run_worker("readme")

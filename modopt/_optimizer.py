@@ -113,22 +113,7 @@ class Optimizer(eqx.Module):
         filled = jax.tree_util.tree_map(
             lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=_is_none
         )
-        mesh = _explicit_mesh(params)
-        if mesh is None:
-            updates, state = self.tx.update(filled, self.state, params, **extra_args)
-        else:
-            # Explicit mesh axes type every array's sharding, and a ZeRO-split state would
-            # clash with the gradients it meets. The update runs on Auto axes instead, and
-            # its results come back sharded like the parameters and the old state.
-            arrays, other = eqx.partition((self.tx, filled, self.state, params, extra_args), eqx.is_array)
-
-            def update(arrays):
-                tx, *args, extra = eqx.combine(arrays, other)
-                return tx.update(*args, **extra)
-
-            out_sharding = (_specs_of(params), _specs_of(self.state))
-            with jax.sharding.use_abstract_mesh(mesh):
-                updates, state = jax.sharding.auto_axes(update, out_sharding=out_sharding)(arrays)
+        updates, state = _update(self.tx, filled, self.state, params, extra_args)
         new_params = jax.tree_util.tree_map(
             lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=_is_none
         )
@@ -202,6 +187,27 @@ def _explicit_mesh(tree: Any) -> Any:
         if _is_explicit(sharding):
             return sharding.mesh
     return None
+
+
+def _update(tx: AbstractTransform, grads: Any, state: Any, params: Any, extra_args: dict) -> tuple[Any, Any]:
+    """`tx.update(grads, state, params, **extra_args)`, also on Explicit mesh axes.
+
+    Explicit axes type every array's sharding, and a ZeRO-split state would clash with the
+    gradients it meets. There the update runs on Auto axes, and its results come back
+    sharded like the parameters (updates) and like the old state.
+    """
+    mesh = _explicit_mesh(params)
+    if mesh is None:
+        return tx.update(grads, state, params, **extra_args)
+    arrays, other = eqx.partition((tx, grads, state, params, extra_args), eqx.is_array)
+
+    def update(arrays):
+        tx, *args, extra = eqx.combine(arrays, other)
+        return tx.update(*args, **extra)
+
+    out_sharding = (_specs_of(params), _specs_of(state))
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.sharding.auto_axes(update, out_sharding=out_sharding)(arrays)
 
 
 def _specs_of(tree: Any) -> Any:

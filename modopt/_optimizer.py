@@ -86,7 +86,7 @@ class Optimizer(eqx.Module):
         abstract_state = jax.eval_shape(self.tx.init, params)
         self.layout = derive_layout(self.tx, self.signature, abstract_state, shardings, mesh, zero_axis)
         replicated = self.layout.replicated
-        self.state = jax.jit(self.tx.init, out_shardings=self.layout.state)(params)
+        self.state = jax.jit(_init, out_shardings=self.layout.state)(self.tx, params)
         self.tx = jax.device_put(self.tx, replicated, may_alias=False)
         self.count = jax.device_put(jnp.zeros([], jnp.int32), replicated)
 
@@ -162,6 +162,10 @@ class Optimizer(eqx.Module):
         for f in dataclasses.fields(self):
             object.__setattr__(new, f.name, changes.get(f.name, getattr(self, f.name)))
         return new
+
+
+def _init(tx: AbstractTransform, params: Any) -> Any:
+    return tx.init(params)
 
 
 def _is_none(x: Any) -> bool:

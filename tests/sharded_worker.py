@@ -208,6 +208,15 @@ def created() -> None:
         allocated = memory.output_size_in_bytes + memory.temp_size_in_bytes
         assert allocated <= per_device + 64, f"{type(tx).__name__}: init allocates {allocated} bytes per device, the state's part is {per_device}"
         print(f"{type(tx).__name__}: {allocated} bytes allocated per device by the init, {whole} for the whole state")
+    bad = {"w": NamedSharding(mesh, P(None, "model")), "b": NamedSharding(mesh, P("model"))}
+    odd = jax.device_put({"w": jnp.ones((8, 8)), "b": jnp.ones((6,))}, NamedSharding(mesh, P()))
+    try:
+        modopt.Optimizer(modopt.adam(1e-3), odd, shardings=bad)
+    except ValueError as error:
+        expected = "Cannot shard the parameter at ['b'] (shape (6,)) as P('model',): dimension 0 has size 6"
+        assert expected in str(error), str(error)
+    else:
+        raise AssertionError("an indivisible layout was accepted")
     print("ok created")
 
 

@@ -254,6 +254,18 @@ def test_impossible_layout_is_a_clear_error(make, specs, kwargs, error, message)
         shardings(optimizer, specs, mesh=MESH, **kwargs)
 
 
+def test_a_sharded_optimizer_can_be_built_abstractly():
+    """`eval_shape` of an optimizer created sharded (to plan, or as a restore target)."""
+    mesh = jax.make_mesh((1, 1), ("data", "model"))  # this process has one device
+    named = {name: NamedSharding(mesh, spec) for name, spec in SPECS.items()}
+    make = lambda p: modopt.Optimizer(modopt.adafactor(1e-2), p, shardings=named, zero_axis="data")  # noqa: E731
+    abstract = eqx.filter_eval_shape(make, PARAMS)
+    concrete = make(PARAMS)
+    assert jax.tree.structure(abstract) == jax.tree.structure(concrete)
+    for a, c in zip(jax.tree.leaves(abstract), jax.tree.leaves(concrete)):
+        assert (a.shape, a.dtype) == (c.shape, c.dtype)
+
+
 def test_shardings_needs_an_optimizer():
     with pytest.raises(TypeError, match=re.escape("shardings expects a modopt.Optimizer, got Adam.")):
         shardings(modopt.adam(1e-3), SPECS, mesh=MESH)

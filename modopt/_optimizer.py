@@ -85,6 +85,12 @@ class Optimizer(eqx.Module):
             return
         abstract_state = jax.eval_shape(self.tx.init, params)
         self.layout = derive_layout(self.tx, self.signature, abstract_state, shardings, mesh, zero_axis)
+        if len(set(getattr(self.layout.mesh, "axis_types", ()))) > 1:
+            raise ValueError(
+                "Optimizer(shardings=...) needs a mesh whose axes are all Auto or all Explicit; this one has "
+                f"{dict(zip(self.layout.mesh.axis_names, self.layout.mesh.axis_types))}. Create the state with "
+                "`jax.jit(..., out_shardings=modopt.sharding.shardings(...))` instead."
+            )
         replicated = self.layout.replicated
         self.state = jax.jit(_init, out_shardings=self.layout.state)(self.tx, params)
         self.tx = jax.device_put(self.tx, replicated, may_alias=False)

@@ -22,7 +22,15 @@ class ModelSignature:
         self.leaves = tuple(
             None if p is None else jax.ShapeDtypeStruct(p.shape, p.dtype) for p in self.treedef.flatten_up_to(params)
         )
-        self._hash = hash((self.treedef, self.leaves))
+        self._hash = hash((self.treedef, self.leaves))  # once: it keys every jitted step
+
+    # The hash of strings and treedefs differs between processes: pickle without it.
+    def __getstate__(self):
+        return self.treedef, self.leaves
+
+    def __setstate__(self, state):
+        self.treedef, self.leaves = state
+        self._hash = hash(state)
 
     def params(self) -> Any:
         """The trained parameters as abstract arrays, `None` elsewhere (as `eqx.filter` gives)."""

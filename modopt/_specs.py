@@ -70,24 +70,36 @@ def _leaf_spec(leaf: Any, param: Any, spec: PartitionSpec) -> PartitionSpec | No
 def follow_params(state: Any, params: Any, param_specs: Any, owner: str) -> Any:
     """Specs for `state` by shape: the generic rule of `AbstractTransform.state_specs`.
 
-    Each subtree of `state` with the structure of `params` (moments, traces) follows the
-    parameters leaf by leaf (see `_leaf_spec`). Other leaves of at most `SMALL` elements
-    (counters, per-step scalars of a history) are replicated. Any larger leaf gets a `NoRule`
-    marker naming `owner`, the transform that should declare a rule: replicating it silently
-    could cost every device a large copy.
+    Each subtree of `state` laid out like `params` (moments, traces; entries of frozen or
+    masked-out parameters may be empty) follows the parameters leaf by leaf, matched by
+    their paths (see `_leaf_spec`). Other leaves of at most `SMALL` elements (counters,
+    per-step scalars of a history) are replicated. Any larger leaf gets a `NoRule` marker
+    naming `owner`, the transform that should declare a rule: replicating it silently could
+    cost every device a large copy.
     """
-    treedef = jax.tree_util.tree_structure(params)
-    param_leaves = treedef.flatten_up_to(params)
-    spec_leaves = treedef.flatten_up_to(param_specs)
+    by_path = {
+        path: (param, spec)
+        for (path, param), spec in zip(
+            jax.tree_util.tree_flatten_with_path(params)[0], jax.tree_util.tree_leaves(param_specs, is_leaf=is_spec)
+        )
+    }
+
+    def follows_params(node):
+        flat = jax.tree_util.tree_flatten_with_path(node)[0]
+        if not flat or any(path not in by_path for path, _ in flat):
+            return None
+        specs = [_leaf_spec(leaf, *by_path[path]) for path, leaf in flat]
+        if any(spec is None for spec in specs):
+            return None
+        return jax.tree_util.tree_structure(node).unflatten(specs)
 
     def visit(node):
-        if jax.tree_util.tree_structure(node) == treedef:
-            specs = [_leaf_spec(s, p, ps) for s, p, ps in zip(treedef.flatten_up_to(node), param_leaves, spec_leaves)]
-            if all(spec is not None for spec in specs):
-                return treedef.unflatten(specs)
         structure = jax.tree_util.tree_structure(node)
         if structure.num_leaves == 0:
             return node
+        specs = follows_params(node)
+        if specs is not None:
+            return specs
         if jax.tree_util.treedef_is_leaf(structure):
             return REPLICATED if math.prod(node.shape) <= SMALL else NoRule(owner, tuple(node.shape))
         children, node_def = jax.tree_util.tree_flatten(node, is_leaf=lambda x: x is not node)

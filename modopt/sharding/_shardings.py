@@ -36,6 +36,13 @@ class Layout:
         )
         self._hash = hash(self._key)
 
+    # The hash of strings and treedefs differs between processes: pickle without it.
+    def __getstate__(self):
+        return self.mesh, self.params, self.state
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
     @property
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
@@ -76,6 +83,11 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
     if not isinstance(getattr(optimizer, "signature", None), ModelSignature):
         raise TypeError(f"shardings expects a modopt.Optimizer, got {type(optimizer).__name__}.")
     layout = derive_layout(optimizer.tx, optimizer.signature, optimizer.state, model_shardings, mesh, zero_axis)
+    if optimizer.layout is not None and optimizer.layout != layout:
+        raise ValueError(
+            "This optimizer was created with other shardings (or another zero_axis): its steps keep "
+            "that layout. Pass the same `model_shardings` and `zero_axis` as to `Optimizer(...)`."
+        )
     replicated = layout.replicated
     return optimizer._replace(
         tx=jax.tree_util.tree_map(lambda _: replicated, optimizer.tx),
@@ -118,8 +130,10 @@ def derive_layout(tx: Any, signature: ModelSignature, state: Any, model_sharding
 def _state_specs(tx: Any, params: Any, param_specs: Any) -> Any:
     """`tx.state_specs(...)`, also for an abstract `tx` (from `jax.eval_shape`).
 
-    Rules depend on structure, not on hyperparameter values, so they run on traced values.
+    Rules depend on structure, not on hyperparameter values: an abstract `tx` is traced.
     """
+    if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tx)):
+        return tx.state_specs(params, param_specs)
     arrays, other = eqx.partition(tx, lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))
     found = []
 
@@ -166,13 +180,18 @@ def _param_specs(signature: ModelSignature, model_shardings: Any, mesh: Any) -> 
                 f"The model shardings give a {type(sharding).__name__} for {where}; expected a NamedSharding "
                 "or a PartitionSpec (PartitionSpec() to replicate it)."
             )
+        if PartitionSpec.UNCONSTRAINED in tuple(sharding):
+            raise ValueError(
+                f"The sharding of {where} is {sharding}: optimizer state needs a definite layout, so use "
+                "None (not split) or mesh axes instead of PartitionSpec.UNCONSTRAINED."
+            )
         _check(sharding, leaf.shape, mesh, where)
         specs.append(sharding)
     return treedef.unflatten(specs), mesh
 
 
 def _axis_names(entry: Any) -> tuple[str, ...]:
-    if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+    if entry is None:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
@@ -195,7 +214,7 @@ def _check(spec: PartitionSpec, shape: tuple[int, ...], mesh: Any, where: str) -
         if shape[dim] % ways:
             raise ValueError(
                 f"{problem}: dimension {dim} has size {shape[dim]}, which the {ways} devices of mesh "
-                f"axis {'x'.join(names)} do not divide."
+                f"{'axis ' + repr(names[0]) if len(names) == 1 else 'axes ' + repr(names)} do not divide."
             )
 
 
@@ -209,8 +228,9 @@ def _with_axis(spec: PartitionSpec, shape: tuple[int, ...], axis: str, mesh: Any
     fits = [d for d in range(len(shape)) if shape[d] % (ways[d] * size) == 0]
     if not fits:
         return spec  # too small or indivisible: replicated along `axis`
-    dim = max(fits, key=lambda d: (ways[d] == 1, shape[d] // ways[d]))
-    entries[dim] = axis if ways[dim] == 1 else (*_axis_names(entries[dim]), axis)
+    dim = max(fits, key=lambda d: (not _axis_names(entries[d]), shape[d] // ways[d]))
+    names = _axis_names(entries[dim])
+    entries[dim] = (*names, axis) if names else axis
     return PartitionSpec(*entries)
 
 

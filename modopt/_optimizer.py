@@ -26,7 +26,7 @@ from ._signature import ModelSignature
 from ._updates import apply_updates
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule, value_at
 from .schedules._schedules import ConstantSchedule
-from .sharding._shardings import Layout, derive_layout
+from .sharding._shardings import Layout, derive_layout, update_on_mesh
 
 
 class Optimizer(eqx.Module):
@@ -119,13 +119,12 @@ class Optimizer(eqx.Module):
         filled = jax.tree_util.tree_map(
             lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=_is_none
         )
-        updates, state = _update(self.tx, filled, self.state, params, extra_args)
+        updates, state = update_on_mesh(self.tx, filled, self.state, params, extra_args)
         new_params = jax.tree_util.tree_map(
             lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=_is_none
         )
         if self.layout is not None:
-            new_params = jax.tree_util.tree_map(_constrain, new_params, self.layout.params)
-            state = jax.tree_util.tree_map(_constrain, state, self.layout.state)
+            new_params, state = self.layout.impose(new_params, state)
         new_model = eqx.combine(new_params, rest)
         return new_model, self._replace(state=state, count=safe_increment(self.count))
 
@@ -176,52 +175,6 @@ def _init(tx: AbstractTransform, params: Any) -> Any:
 
 def _is_none(x: Any) -> bool:
     return x is None
-
-
-def _is_explicit(sharding: Any) -> bool:
-    mesh = getattr(sharding, "mesh", None)
-    return mesh is not None and jax.sharding.AxisType.Explicit in getattr(mesh, "axis_types", ())
-
-
-def _constrain(x: jax.Array, sharding: Any) -> jax.Array:
-    """`x` laid out as `sharding` (a reshard on Explicit mesh axes, a constraint on Auto ones)."""
-    if _is_explicit(sharding):
-        return jax.sharding.reshard(x, sharding)
-    return jax.lax.with_sharding_constraint(x, sharding)
-
-
-def _explicit_mesh(tree: Any) -> Any:
-    """The mesh of `tree`'s arrays if their shardings are typed on Explicit mesh axes, else `None`."""
-    for leaf in jax.tree_util.tree_leaves(tree):
-        sharding = jax.typeof(leaf).sharding
-        if _is_explicit(sharding):
-            return sharding.mesh
-    return None
-
-
-def _update(tx: AbstractTransform, grads: Any, state: Any, params: Any, extra_args: dict) -> tuple[Any, Any]:
-    """`tx.update(grads, state, params, **extra_args)`, also on Explicit mesh axes.
-
-    Explicit axes type every array's sharding, and a ZeRO-split state would clash with the
-    gradients it meets. There the update runs on Auto axes, and its results come back
-    sharded like the parameters (updates) and like the old state.
-    """
-    mesh = _explicit_mesh(params)
-    if mesh is None:
-        return tx.update(grads, state, params, **extra_args)
-    arrays, other = eqx.partition((tx, grads, state, params, extra_args), eqx.is_array)
-
-    def update(arrays):
-        tx, *args, extra = eqx.combine(arrays, other)
-        return tx.update(*args, **extra)
-
-    out_sharding = (_specs_of(params), _specs_of(state))
-    with jax.sharding.use_abstract_mesh(mesh):
-        return jax.sharding.auto_axes(update, out_sharding=out_sharding)(arrays)
-
-
-def _specs_of(tree: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x: jax.typeof(x).sharding.spec, tree)
 
 
 def _like(value: Any, old: Any, name: str) -> Any:

@@ -47,6 +47,11 @@ class Layout:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
+    def impose(self, params: Any, state: Any) -> tuple[Any, Any]:
+        """`params` and `state` constrained to this layout (inside a jitted step)."""
+        params = jax.tree_util.tree_map(_constrain, params, self.params)
+        return params, jax.tree_util.tree_map(_constrain, state, self.state)
+
     def __hash__(self):
         return self._hash
 
@@ -253,3 +258,49 @@ def bytes_per_device(tree: Any, shardings: Any = None) -> int:
         shape = sharding.shard_shape(tuple(leaf.shape)) if sharding is not None else leaf.shape
         total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
     return total
+
+
+def _is_explicit(sharding: Any) -> bool:
+    mesh = getattr(sharding, "mesh", None)
+    return mesh is not None and jax.sharding.AxisType.Explicit in getattr(mesh, "axis_types", ())
+
+
+def _constrain(x: jax.Array, sharding: Any) -> jax.Array:
+    """`x` laid out as `sharding` (a reshard on Explicit mesh axes, a constraint on Auto ones)."""
+    if _is_explicit(sharding):
+        return jax.sharding.reshard(x, sharding)
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _explicit_mesh(tree: Any) -> Any:
+    """The mesh of `tree`'s arrays if their shardings are typed on Explicit mesh axes, else `None`."""
+    for leaf in jax.tree_util.tree_leaves(tree):
+        sharding = jax.typeof(leaf).sharding
+        if _is_explicit(sharding):
+            return sharding.mesh
+    return None
+
+
+def update_on_mesh(tx: Any, grads: Any, state: Any, params: Any, extra_args: dict) -> tuple[Any, Any]:
+    """`tx.update(grads, state, params, **extra_args)`, also on Explicit mesh axes.
+
+    Explicit axes type every array's sharding, and a ZeRO-split state would clash with the
+    gradients it meets. There the update runs on Auto axes, and its results come back
+    sharded like the parameters (updates) and like the old state.
+    """
+    mesh = _explicit_mesh(params)
+    if mesh is None:
+        return tx.update(grads, state, params, **extra_args)
+    arrays, other = eqx.partition((tx, grads, state, params, extra_args), eqx.is_array)
+
+    def update(arrays):
+        tx, *args, extra = eqx.combine(arrays, other)
+        return tx.update(*args, **extra)
+
+    out_sharding = (_specs_of(params), _specs_of(state))
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.sharding.auto_axes(update, out_sharding=out_sharding)(arrays)
+
+
+def _specs_of(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: jax.typeof(x).sharding.spec, tree)

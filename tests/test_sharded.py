@@ -17,10 +17,11 @@ WORKER = os.path.join(os.path.dirname(__file__), "sharded_worker.py")
 TIMEOUT = 240
 
 
-def run_worker(*args: str) -> str:
+def run_worker(*args: str, devices: int = 8) -> str:
+    env = {**os.environ, "MODOPT_TEST_DEVICES": str(devices)}
     try:
         result = subprocess.run(
-            [sys.executable, WORKER, *args], capture_output=True, text=True, timeout=TIMEOUT
+            [sys.executable, WORKER, *args], capture_output=True, text=True, timeout=TIMEOUT, env=env
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"`sharded_worker.py {' '.join(args)}` did not finish in {TIMEOUT} s (a collective deadlock?)")
@@ -49,6 +50,13 @@ def test_mlp_trains_like_one_device(kind, zero):
 
 def test_optimizer_created_sharded_never_whole_on_one_device():
     assert "ok created" in run_worker("created")
+
+
+def test_checkpoint_saved_on_8_devices_resumes_on_4_and_1(tmp_path):
+    """Save with ZeRO-1 on 8 devices, restore onto 4 and onto 1, train on: one device's numbers."""
+    assert "ok saved on 8 devices" in run_worker("checkpoint", str(tmp_path), "save")
+    for devices in (4, 1):
+        assert f"ok resumed on {devices} devices" in run_worker("checkpoint", str(tmp_path), "resume", devices=devices)
 
 
 def test_readme_sharding_example_runs():

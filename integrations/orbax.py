@@ -1,0 +1,317 @@
+"""Checkpoints of models, optimizers and any pytree with Orbax: save, restore, resume bit-exact.
+
+Example:
+    >>> from modopt.integrations.orbax import CheckpointManager
+    >>> with CheckpointManager("checkpoints", max_to_keep=3) as manager:
+    ...     manager.save(step, model=model, optimizer=optimizer, key=key)
+    ...     restored = manager.restore(model=model, optimizer=optimizer, key=key)  # the latest step
+    >>> model, optimizer = restored["model"], restored["optimizer"]
+
+Each step's directory holds the arrays (written by Orbax, asynchronously by default) and a JSON
+record a person can read: the modopt version, the step, each item's structure, the
+optimizer's transform and hyperparameters, and a checksum of every array. Restore checks the
+target against the record first, and the checksums after reading, so it never hands back
+numbers that differ from what was saved.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import threading
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._records import CheckpointError, Leaf, checksums, first_mismatch, from_record, leaves_of
+
+__all__ = ["CheckpointError", "CheckpointManager"]
+
+FORMAT = 1
+_ARRAYS = "arrays"
+_RECORD = "modopt"
+
+
+def _orbax():
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "modopt.integrations.orbax needs orbax-checkpoint: pip install 'modopt[orbax]'"
+        ) from error
+    return ocp
+
+
+class CheckpointManager:
+    """Saves and restores named items (models, `modopt.Optimizer`s, Flax TrainStates, pytrees).
+
+    Arguments:
+        directory: where steps are written (relative paths are taken from the current
+            directory at construction).
+        max_to_keep: how many of the latest steps to keep (`None`: all).
+        save_interval_steps: `save` writes only steps that are multiples of this.
+        async_save: write in the background (default). A program that exits without
+            `wait_until_finished()` or `close()` still waits for its last save at exit.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        max_to_keep: int | None = None,
+        save_interval_steps: int = 1,
+        async_save: bool = True,
+    ):
+        ocp = _orbax()
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"Invalid max_to_keep: {max_to_keep} (must be >= 1 or None).")
+        if save_interval_steps < 1:
+            raise ValueError(f"Invalid save_interval_steps: {save_interval_steps} (must be >= 1).")
+        self.directory = os.path.abspath(os.fspath(directory))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            save_interval_steps=save_interval_steps,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,  # an interrupted save leaves nothing behind
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(_ARRAYS, _RECORD))
+        # Saves in flight are finished at exit, so an exit without `close()` loses nothing. This
+        # must run before Python stops the thread pools Orbax writes with, which happens before
+        # plain `atexit` handlers; `threading._register_atexit` callbacks run first (newest first).
+        self._finalizer = weakref.finalize(self, _finish, self._manager)
+        getattr(threading, "_register_atexit", atexit.register)(self._finalizer)
+
+    # ---- saving --------------------------------------------------------------------------
+
+    def save(self, step: int, **items: Any) -> bool:
+        """Saves `items` (by name) as `step`; returns whether it was written (see `save_interval_steps`)."""
+        if not items:
+            raise ValueError("save needs at least one item, e.g. save(step, model=model, optimizer=optimizer).")
+        step = int(step)
+        if not self._manager.should_save(step):
+            return False
+        records, arrays = {}, {}
+        for name, item in items.items():
+            leaves, _ = leaves_of(item)
+            written = [leaf for leaf in leaves if leaf.data is not None]
+            for leaf, checksum in zip(written, checksums([leaf.data for leaf in written])):
+                leaf.checksum = checksum
+            arrays[name] = {f"leaf_{i}": leaf.data for i, leaf in enumerate(leaves) if leaf.data is not None}
+            records[name] = {
+                "type": type(item).__name__,
+                "summary": _summary(item),
+                "leaves": [leaf.record() for leaf in leaves],
+            }
+        record = {
+            "format": FORMAT,
+            "modopt_version": _version(),
+            "step": step,
+            "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "items": records,
+        }
+        ocp = _orbax()
+        args = ocp.args.Composite(
+            **{_ARRAYS: ocp.args.StandardSave(arrays), _RECORD: ocp.args.JsonSave(record)}
+        )
+        return bool(self._manager.save(step, args=args))
+
+    # ---- restoring -----------------------------------------------------------------------
+
+    def restore(self, step: int | None = None, **like_items: Any) -> dict[str, Any]:
+        """The items saved at `step` (default: the latest), shaped and placed like `like_items`.
+
+        Each target may be concrete or abstract (from `jax.eval_shape`); arrays land on its
+        shardings, so a checkpoint written on one mesh restores onto another. The targets are
+        checked against the checkpoint's record before anything is read, and the data against
+        its checksums after: a mismatch raises `CheckpointError` naming the item and path.
+        """
+        if not like_items:
+            raise ValueError("restore needs the items to restore into, e.g. restore(model=model).")
+        step = self._resolve_step(step)
+        record = self._read_record(step)
+        plans = {name: self._plan(name, like, record, step) for name, like in like_items.items()}
+
+        abstract = {
+            name: {f"leaf_{i}": _abstract(x, saved) for i, (saved, x) in enumerate(plan) if saved.kind in ("array", "key")}
+            for name, plan in plans.items()
+        }
+        restored = self._read_arrays(step, abstract) if any(abstract.values()) else {}
+        self._verify(step, plans, restored)
+        return {name: _rebuild(plan, restored.get(name, {}), like_items[name]) for name, plan in plans.items()}
+
+    def _resolve_step(self, step: int | None) -> int:
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"No checkpoint in {self.directory}.")
+        elif int(step) not in self.all_steps():
+            raise FileNotFoundError(f"No checkpoint of step {step} in {self.directory}; the steps are {self.all_steps()}.")
+        return int(step)
+
+    def _read_record(self, step: int) -> dict:
+        ocp = _orbax()
+        path = os.path.join(self.directory, str(step), _RECORD)
+        try:
+            record = self._manager.restore(step, args=ocp.args.Composite(**{_RECORD: ocp.args.JsonRestore()}))[_RECORD]
+        except Exception as error:  # noqa: BLE001 - any failure to read means the same to the user
+            raise CheckpointError(f"The record of step {step} ({path}) is missing or garbled: {error}") from None
+        if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("items"), dict):
+            raise CheckpointError(f"The record of step {step} ({path}) is garbled: it is not a modopt checkpoint record.")
+        return record
+
+    def _plan(self, name: str, like: Any, record: dict, step: int) -> list[tuple[Leaf, Any]]:
+        """Per leaf of `like`: (the saved leaf, the target leaf), once they are checked to agree."""
+        saved_item = record["items"].get(name)
+        if saved_item is None:
+            raise CheckpointError(f"Step {step} has no item {name!r}; it holds {sorted(record['items'])}.")
+        try:
+            saved = [from_record(r) for r in saved_item["leaves"]]
+        except (KeyError, TypeError) as error:
+            raise CheckpointError(f"The record of {name!r} at step {step} is garbled: {error!r}.") from None
+        targets, _ = leaves_of(like)
+        mismatch = first_mismatch(saved, targets)
+        if mismatch:
+            raise CheckpointError(
+                f"Cannot restore {name!r} from step {step} into this {type(like).__name__}: {mismatch}. "
+                f"The checkpoint holds: {saved_item.get('type')}{_described(saved_item.get('summary'))}. "
+                "Nothing was restored."
+            )
+        return list(zip(saved, jax.tree_util.tree_leaves(like)))
+
+    def _read_arrays(self, step: int, abstract: dict) -> dict:
+        ocp = _orbax()
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(**{_ARRAYS: ocp.args.StandardRestore(abstract)}))
+        except Exception as error:  # noqa: BLE001
+            raise CheckpointError(f"The arrays of step {step} could not be read (is the checkpoint corrupted?): {error}") from None
+        return restored[_ARRAYS]
+
+    def _verify(self, step: int, plans: dict, restored: dict) -> None:
+        for name, plan in plans.items():
+            read = [(leaf, restored[name][f"leaf_{i}"]) for i, (leaf, _) in enumerate(plan) if leaf.kind in ("array", "key")]
+            found = checksums([array for _, array in read])
+            for (leaf, _), checksum in zip(read, found):
+                if checksum != leaf.checksum:
+                    raise CheckpointError(
+                        f"Checksum mismatch in {name!r} at {leaf.path or 'the root'}, step {step}: the data read differs from "
+                        f"what was saved (saved {leaf.checksum}, read {checksum}). The checkpoint is corrupted."
+                    )
+
+    # ---- steps and lifetime --------------------------------------------------------------
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def wait_until_finished(self) -> None:
+        """Blocks until every save in flight is written."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finishes the saves in flight and releases the manager."""
+        self._finalizer()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self):
+        return f"CheckpointManager({self.directory!r}, steps={self.all_steps()})"
+
+
+def _finish(manager: Any) -> None:
+    manager.wait_until_finished()
+    manager.close()
+
+
+def _abstract(x: Any, saved: Leaf) -> Any:
+    """The array Orbax reads `saved` into: its shape and dtype, on the target leaf's sharding."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if saved.kind == "key":
+        shape = tuple(saved.shape) + tuple(jax.random.key_data(jax.random.key(0, impl=saved.impl)).shape)
+        return jax.ShapeDtypeStruct(shape, jnp.uint32, sharding=_key_data_sharding(sharding, len(shape)))
+    return jax.ShapeDtypeStruct(tuple(saved.shape), jnp.dtype(saved.dtype), sharding=sharding)
+
+
+def _key_data_sharding(sharding: Any, ndim: int) -> Any:
+    # Key data has one more axis than the key array; it is not split.
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
+    return sharding
+
+
+def _rebuild(plan: list, arrays: dict, like: Any) -> Any:
+    """`like` with each leaf replaced by what the checkpoint holds for it."""
+    leaves = []
+    for i, (saved, x) in enumerate(plan):
+        if saved.kind == "array":
+            value = arrays[f"leaf_{i}"]
+            if getattr(x, "weak_type", False) and value.ndim == 0:
+                # Hyperparameters are weakly typed (bf16 * lr stays bf16); Orbax forgets that.
+                value = jax.device_put(jnp.asarray(value.item()), value.sharding)
+            leaves.append(np.asarray(value) if isinstance(x, np.ndarray) else value)
+        elif saved.kind == "key":
+            leaves.append(jax.random.wrap_key_data(arrays[f"leaf_{i}"], impl=saved.impl))
+        elif saved.kind == "empty":
+            empty = jnp.zeros(saved.shape, saved.dtype)
+            sharding = getattr(x, "sharding", None)
+            leaves.append(np.asarray(empty) if isinstance(x, np.ndarray) else jax.device_put(empty, sharding) if sharding else empty)
+        elif saved.kind == "value":
+            leaves.append(type(x)(saved.value) if isinstance(x, (bool, int, float)) else saved.value)
+        else:
+            leaves.append(x)
+    return jax.tree_util.tree_structure(like).unflatten(leaves)
+
+
+def _summary(item: Any) -> dict:
+    """A person's view of an item: an optimizer's transform and hyperparameters, a step."""
+    summary: dict[str, Any] = {}
+    tx = getattr(item, "tx", None)
+    if tx is not None and hasattr(item, "hyperparameters"):
+        summary["transform"] = repr(tx) if _is_concrete(tx) else type(tx).__name__
+        summary["hyperparameters"] = {
+            name: _plain(value) for name, value in item.hyperparameters.items() if _plain(value) is not None
+        }
+    for name in ("count", "step"):
+        value = getattr(item, name, None)
+        if _plain(value) is not None:
+            summary[name] = _plain(value)
+    return summary
+
+
+def _is_concrete(tree: Any) -> bool:
+    return not any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _plain(value: Any) -> Any:
+    """A scalar as a JSON number, else `None`."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)) and np.ndim(value) == 0 and _is_concrete(value):
+        scalar = np.asarray(value)[()]
+        # A float at its own precision (0.001, not 0.0010000000474974513).
+        return float(str(scalar)) if np.issubdtype(scalar.dtype, np.floating) else scalar.item()
+    return None
+
+
+def _described(summary: Any) -> str:
+    if isinstance(summary, dict) and "transform" in summary:
+        return f" of {summary['transform']}"
+    return ""
+
+
+def _version() -> str:
+    import modopt
+
+    return modopt.__version__

@@ -1,0 +1,282 @@
+"""Checkpoints with `modopt.integrations.orbax`: round trips, bit-exact resume, bad cases.
+
+Resuming across meshes (8 devices to 4 and 1) is in `test_sharded.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from modopt.integrations.orbax import CheckpointError, CheckpointManager
+
+import modopt
+
+
+def make_model():
+    return eqx.nn.MLP(8, 3, 16, 1, key=jax.random.key(0))
+
+
+def make_params():
+    """A matrix Adafactor factors (both dims >= 128), a vector and a scalar."""
+    keys = jax.random.split(jax.random.key(0), 3)
+    return {
+        "big": jax.random.normal(keys[0], (128, 136)),
+        "vector": jax.random.normal(keys[1], (5,)),
+        "scalar": jax.random.normal(keys[2], ()),
+    }
+
+
+def grads_at(step, params):
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), len(params))
+    return {name: jax.random.normal(k, p.shape, p.dtype) for k, (name, p) in zip(keys, sorted(params.items()))}
+
+
+def bitwise_equal(a, b):
+    """Same structure, and every array leaf equal bit for bit (dtype included)."""
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        return False
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        if eqx.is_array(x) or eqx.is_array(y):
+            x, y = np.asarray(x), np.asarray(y)
+            if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+OPTIMIZERS = {
+    "adam": lambda: modopt.adam(1e-2),
+    "sgd_momentum": lambda: modopt.sgd(1e-2, momentum=0.9),
+    "adafactor": lambda: modopt.adafactor(1e-2),
+    "chain_schedule_clip": lambda: modopt.chain(
+        modopt.clip_by_global_norm(1.0),
+        modopt.adamw(modopt.warmup_cosine_decay_schedule(0.0, 1e-2, 2, 10), weight_decay=1e-3),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_resume_is_bit_exact(name, tmp_path):
+    """N steps straight equal k steps, save, restore into fresh objects, N - k steps."""
+    total, k = 6, 3
+    step = jax.jit(lambda p, o, g: o.step(p, g))
+
+    params, optimizer = make_params(), modopt.Optimizer(OPTIMIZERS[name](), make_params())
+    straight = None
+    for i in range(total):
+        params, optimizer = step(params, optimizer, grads_at(i, params))
+        if i == k - 1:
+            with CheckpointManager(tmp_path) as manager:
+                manager.save(k, params=params, optimizer=optimizer)
+    straight = (params, optimizer)
+
+    fresh_params = jax.tree.map(jnp.zeros_like, make_params())
+    fresh = modopt.Optimizer(OPTIMIZERS[name](), fresh_params)
+    with CheckpointManager(tmp_path) as manager:
+        assert manager.latest_step() == k
+        restored = manager.restore(params=fresh_params, optimizer=fresh)
+    params, optimizer = restored["params"], restored["optimizer"]
+    for i in range(k, total):
+        params, optimizer = step(params, optimizer, grads_at(i, params))
+    assert bitwise_equal((params, optimizer), straight)
+
+
+def test_round_trip_of_models_states_and_extra_pytrees(tmp_path):
+    from flax.training import train_state
+
+    model = make_model()  # non-array leaves: activation functions, static fields
+    optimizer = modopt.Optimizer(modopt.adamw(3e-3), model)
+    state = train_state.TrainState.create(apply_fn=None, params=make_params(), tx=modopt.sgd(0.1, momentum=0.9))
+    extra = {
+        "key": jax.random.key(7),
+        "loader_position": 1234,
+        "best_loss": 0.25,
+        "empty": jnp.zeros((0, 4)),
+        "histogram": np.arange(6, dtype=np.int64),
+        "bf16": jnp.ones((3,), jnp.bfloat16),
+    }
+    with CheckpointManager(tmp_path, max_to_keep=2) as manager:
+        assert manager.save(1, model=model, optimizer=optimizer, state=state, extra=extra)
+        manager.wait_until_finished()
+        restored = manager.restore(model=model, optimizer=optimizer, state=state, extra=extra)
+    assert bitwise_equal(restored["model"], model)
+    assert bitwise_equal(restored["optimizer"], optimizer)
+    assert bitwise_equal(restored["state"].params, state.params)
+    assert bitwise_equal(restored["state"].opt_state, state.opt_state)
+    out = restored["extra"]
+    assert jax.random.key_impl(out["key"]) == jax.random.key_impl(extra["key"])
+    assert np.array_equal(jax.random.key_data(out["key"]), jax.random.key_data(extra["key"]))
+    assert out["loader_position"] == 1234 and type(out["loader_position"]) is int
+    assert out["best_loss"] == 0.25
+    assert out["empty"].shape == (0, 4) and out["empty"].dtype == jnp.float32
+    assert isinstance(out["histogram"], np.ndarray) and np.array_equal(out["histogram"], extra["histogram"])
+    assert out["bf16"].dtype == jnp.bfloat16
+    # Hyperparameters stay weakly typed, so bf16 updates stay bf16 and nothing retraces.
+    assert restored["optimizer"].tx.learning_rate.weak_type
+
+
+def test_abstract_targets(tmp_path):
+    params = make_params()
+    optimizer = modopt.Optimizer(modopt.adam(1e-3), params)
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(0, params=params, optimizer=optimizer)
+    abstract_params = jax.eval_shape(make_params)
+    abstract_optimizer = eqx.filter_eval_shape(modopt.Optimizer, modopt.adam(1e-3), abstract_params)
+    with CheckpointManager(tmp_path) as manager:
+        restored = manager.restore(params=abstract_params, optimizer=abstract_optimizer)
+    assert bitwise_equal(restored["params"], params)
+    assert bitwise_equal(restored["optimizer"], optimizer)
+
+
+def test_record_is_readable(tmp_path):
+    import json
+
+    optimizer = modopt.Optimizer(modopt.adam(1e-3, b1=0.8), make_params())
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(12, optimizer=optimizer)
+    record = json.loads((tmp_path / "12" / "modopt" / "metadata").read_text())
+    assert record["modopt_version"] == modopt.__version__ and record["step"] == 12
+    summary = record["items"]["optimizer"]["summary"]
+    assert summary["transform"].startswith("Adam(learning_rate=0.001, b1=0.8")
+    assert summary["hyperparameters"]["b1"] == 0.8
+    leaves = {leaf["path"]: leaf for leaf in record["items"]["optimizer"]["leaves"]}
+    mu = leaves[".state[0].mu['big']"]
+    assert mu["shape"] == [128, 136] and mu["dtype"] == "float32" and len(mu["checksum"]) == 16
+
+
+def test_steps_interval_max_to_keep_and_relative_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    params = make_params()
+    with CheckpointManager("runs/ckpt", max_to_keep=2, save_interval_steps=2) as manager:
+        written = [manager.save(step, params=params) for step in range(7)]
+        manager.wait_until_finished()
+        assert written == [True, False, True, False, True, False, True]
+        assert manager.all_steps() == [4, 6] and manager.latest_step() == 6
+    monkeypatch.chdir(os.path.dirname(tmp_path))  # the directory was fixed at construction
+    with CheckpointManager(tmp_path / "runs" / "ckpt") as manager:
+        assert bitwise_equal(manager.restore(params=params)["params"], params)
+
+
+# ---- bad cases -----------------------------------------------------------------------------
+
+
+def test_restoring_into_another_optimizer_or_model_names_the_path(tmp_path):
+    model = make_model()
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(3, model=model, optimizer=modopt.Optimizer(modopt.adam(1e-3), model))
+        sgd = modopt.Optimizer(modopt.sgd(1e-3, momentum=0.9), model)
+        with pytest.raises(CheckpointError) as error:
+            manager.restore(optimizer=sgd)
+        message = str(error.value)
+        assert "Cannot restore 'optimizer' from step 3 into this Optimizer: the checkpoint has a leaf at .tx.b1" in message
+        assert "The checkpoint holds: Optimizer of Adam(learning_rate=0.001" in message
+        assert "Nothing was restored." in message
+
+        wider = eqx.nn.MLP(8, 3, 32, 1, key=jax.random.key(0))
+        expected = (
+            "Cannot restore 'model' from step 3 into this MLP: at .layers[0].weight the checkpoint has an array of "
+            "shape (16, 8) and dtype float32, the target an array of shape (32, 8) and dtype float32."
+        )
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            manager.restore(model=wider)
+        with pytest.raises(CheckpointError, match=re.escape("Step 3 has no item 'params'; it holds ['model', 'optimizer'].")):
+            manager.restore(params=make_params())
+        with pytest.raises(FileNotFoundError, match=re.escape("No checkpoint of step 4")):
+            manager.restore(4, model=model)
+
+
+def run_python(code: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
+
+
+def test_save_killed_mid_write_leaves_the_previous_step(tmp_path):
+    """A process SIGKILLed while its save is being written: the manager restores the previous
+    complete step, and saving that step again works."""
+    result = run_python(f"""
+        import os, signal
+        import jax.numpy as jnp
+        from modopt.integrations.orbax import CheckpointManager
+        manager = CheckpointManager({str(tmp_path)!r})
+        manager.save(1, params={{"w": jnp.full((1024, 1024), 1.0)}})
+        manager.wait_until_finished()
+        manager.save(2, params={{"w": jnp.full((4096, 1024), 2.0)}})  # written in the background
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert result.returncode == -9, result.stderr[-3000:]
+    with CheckpointManager(tmp_path) as manager:
+        assert manager.all_steps() == [1]
+        restored = manager.restore(params={"w": jnp.zeros((1024, 1024))})["params"]["w"]
+        assert float(restored[0, 0]) == 1.0
+        manager.save(2, params={"w": jnp.full((8, 8), 2.0)})
+        manager.wait_until_finished()
+        assert manager.all_steps() == [1, 2]
+        assert float(manager.restore(params={"w": jnp.zeros((8, 8))})["params"]["w"][0, 0]) == 2.0
+
+
+def test_exit_without_close_still_completes_the_save(tmp_path):
+    result = run_python(f"""
+        import jax.numpy as jnp
+        from modopt.integrations.orbax import CheckpointManager
+        manager = CheckpointManager({str(tmp_path)!r})
+        manager.save(5, params={{"w": jnp.full((2048, 1024), 5.0)}})
+        # no wait_until_finished(), no close(): the program just ends
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with CheckpointManager(tmp_path) as manager:
+        assert manager.all_steps() == [5]
+        assert float(manager.restore(params={"w": jnp.zeros((2048, 1024))})["params"]["w"][-1, -1]) == 5.0
+
+
+def test_flipped_bytes_in_a_data_file_raise_a_checksum_error(tmp_path):
+    params = {"w": jnp.arange(100_000, dtype=jnp.float32), "b": jnp.ones(3)}
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, params=params)
+    data_files = [
+        os.path.join(root, name) for root, _, names in os.walk(tmp_path / "1" / "arrays") for name in names
+    ]
+    largest = max(data_files, key=os.path.getsize)
+    data = bytearray(open(largest, "rb").read())
+    for offset in range(len(data) // 2, len(data) // 2 + 4):
+        data[offset] ^= 0xFF
+    open(largest, "wb").write(bytes(data))
+    with CheckpointManager(tmp_path) as manager:
+        with pytest.raises(CheckpointError, match=re.escape("Checksum mismatch in 'params' at ['w'], step 1")):
+            manager.restore(params=params)
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbled", "not-a-record"])
+def test_missing_or_garbled_record_is_a_clear_error(tmp_path, damage):
+    params = make_params()
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, params=params)
+    record = tmp_path / "1" / "modopt" / "metadata"
+    if damage == "missing":
+        shutil.rmtree(tmp_path / "1" / "modopt")
+    elif damage == "garbled":
+        record.write_text('{"format": 1, "items": {')
+    else:
+        record.write_text('{"hello": "world"}')
+    with CheckpointManager(tmp_path) as manager:
+        with pytest.raises(CheckpointError, match=r"The record of step 1 \(.*\) is (missing or )?garbled"):
+            manager.restore(params=params)
+
+
+def test_import_modopt_does_not_import_orbax():
+    result = run_python("""
+        import sys, modopt
+        assert "orbax" not in sys.modules and "orbax.checkpoint" not in sys.modules, "orbax imported"
+        import modopt.integrations
+        assert "orbax.checkpoint" not in sys.modules, "orbax imported by modopt.integrations"
+    """)
+    assert result.returncode == 0, result.stderr[-2000:]

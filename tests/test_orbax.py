@@ -280,3 +280,12 @@ def test_import_modopt_does_not_import_orbax():
         assert "orbax.checkpoint" not in sys.modules, "orbax imported by modopt.integrations"
     """)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_readme_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    section = readme.split("## Checkpoints", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert "[50, 100] 100" in capsys.readouterr().out

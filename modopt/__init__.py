@@ -28,6 +28,8 @@ from ._fields import Check as Check
 from ._fields import hyperparameter as hyperparameter
 from ._fields import interval as interval
 from ._fields import static as static
+from ._hyperparameters import hyperparameters as hyperparameters
+from ._hyperparameters import set_hyperparameters as set_hyperparameters
 from ._moments import bias_correction as bias_correction
 from ._moments import update_infinity_moment as update_infinity_moment
 from ._moments import update_moment as update_moment

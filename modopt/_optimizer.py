@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -13,19 +12,16 @@ import jax.numpy as jnp
 from ._base import AbstractTransform, as_transform
 from ._checks import align_gradients, check_state
 from ._fields import (
-    as_hyperparameter,
     as_static_tree,
-    hyperparameter_names,
     pretty,
     resolve_tree,
     static,
-    validate_hyperparameters,
 )
+from ._hyperparameters import hyperparameters, set_hyperparameters
 from ._numerics import safe_increment
 from ._signature import ModelSignature
 from ._updates import apply_updates
-from .schedules._base import AbstractSchedule, as_schedule, is_schedule, value_at
-from .schedules._schedules import ConstantSchedule
+from .schedules._base import value_at
 from .sharding._shardings import Layout, derive_layout, update_on_mesh
 
 
@@ -136,7 +132,7 @@ class Optimizer(eqx.Module):
     @property
     def hyperparameters(self) -> dict[str, Any]:
         """Every hyperparameter of the transform by name (a dotted path where names clash)."""
-        return {name: get(self.tx) for name, (get, _) in _hyperparameter_index(self.tx).items()}
+        return hyperparameters(self.tx)
 
     @property
     def learning_rate(self) -> jax.Array:
@@ -152,15 +148,7 @@ class Optimizer(eqx.Module):
         Numbers keep the array type of the value they replace, so a jitted step does not
         retrace.
         """
-        index = _hyperparameter_index(self.tx)
-        tx = self.tx
-        for name, value in values.items():
-            if name not in index:
-                raise KeyError(f"No hyperparameter named {name!r}; the names are {sorted(index)}.")
-            get, owner = index[name]
-            tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=_is_none)
-            validate_hyperparameters(owner(tx))
-        return self._replace(tx=tx)
+        return self._replace(tx=set_hyperparameters(self.tx, **values))
 
     def _replace(self, **changes: Any) -> Optimizer:
         new = object.__new__(Optimizer)
@@ -175,62 +163,6 @@ def _init(tx: AbstractTransform, params: Any) -> Any:
 
 def _is_none(x: Any) -> bool:
     return x is None
-
-
-def _like(value: Any, old: Any, name: str) -> Any:
-    """`value` converted the way the field it replaces was (weak arrays, schedules).
-
-    A number replacing a schedule becomes a constant schedule, so the state (which counts
-    steps for the schedule) keeps its structure. A schedule cannot replace a number: the
-    state has no step count for it.
-    """
-    value = as_schedule(as_hyperparameter(value))
-    if is_schedule(old) and not is_schedule(value):
-        return ConstantSchedule(value)
-    if is_schedule(value) and not is_schedule(old):
-        raise ValueError(
-            f"{name} was given as a number when the optimizer was made, so its state has no step "
-            f"count for a schedule: build a new Optimizer with the schedule instead."
-        )
-    if isinstance(value, jax.Array) and isinstance(old, jax.Array) and not isinstance(value, jax.core.Tracer):
-        if value.dtype != old.dtype:
-            value = as_hyperparameter(value.item()) if value.ndim == 0 and old.weak_type else value.astype(old.dtype)
-    return value
-
-
-Getter = Callable[[Any], Any]
-
-
-def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
-    """Maps each hyperparameter's name to (getter of its value, getter of its owning module).
-
-    Short field names are used where unique; clashing names are qualified by their path.
-    """
-    found: list[tuple[str, str, Getter, Getter]] = []
-
-    def visit(node: Any, path: str, get: Getter) -> None:
-        if isinstance(node, (AbstractTransform, AbstractSchedule)):
-            names = hyperparameter_names(node)
-            for name in names:
-                getter = lambda t, get=get, name=name: getattr(get(t), name)
-                found.append((name, f"{path}.{name}".lstrip("."), getter, get))
-                visit(getattr(node, name), f"{path}.{name}", getter)  # a schedule's own numbers
-            for f in dataclasses.fields(node):
-                if f.name not in names and not f.metadata.get("static", False):
-                    child = getattr(node, f.name)
-                    visit(child, f"{path}.{f.name}", lambda t, get=get, n=f.name: getattr(get(t), n))
-        elif isinstance(node, (tuple, list)):
-            for i, child in enumerate(node):
-                visit(child, f"{path}[{i}]", lambda t, get=get, i=i: get(t)[i])
-        elif isinstance(node, dict):
-            for key, child in node.items():
-                visit(child, f"{path}[{key!r}]", lambda t, get=get, key=key: get(t)[key])
-
-    visit(tx, "", lambda t: t)
-    counts: dict[str, int] = {}
-    for name, *_ in found:
-        counts[name] = counts.get(name, 0) + 1
-    return {(name if counts[name] == 1 else path): (get, owner) for name, path, get, owner in found}
 
 
 def _unaliased(state: Any, params: Any) -> Any:

@@ -1,0 +1,97 @@
+"""Reading and replacing a transform's hyperparameters by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from ._base import AbstractTransform
+from ._fields import as_hyperparameter, hyperparameter_names, validate_hyperparameters
+from .schedules._base import AbstractSchedule, as_schedule, is_schedule
+from .schedules._schedules import ConstantSchedule
+
+
+def hyperparameters(tx: AbstractTransform) -> dict[str, Any]:
+    """Every hyperparameter of `tx` by name (a dotted path where names clash), schedules included.
+
+    Example:
+        >>> modopt.hyperparameters(modopt.adam(1e-3))["learning_rate"]
+        Array(0.001, dtype=float32, weak_type=True)
+    """
+    return {name: get(tx) for name, (get, _) in _hyperparameter_index(tx).items()}
+
+
+def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransform:
+    """A copy of `tx` with hyperparameters replaced by name, validated.
+
+    Numbers keep the array type of the value they replace, so a jitted step taking the
+    transform as an argument does not retrace.
+    """
+    index = _hyperparameter_index(tx)
+    for name, value in values.items():
+        if name not in index:
+            raise KeyError(f"No hyperparameter named {name!r}; the names are {sorted(index)}.")
+        get, owner = index[name]
+        tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=lambda x: x is None)
+        validate_hyperparameters(owner(tx))
+    return tx
+
+
+def _like(value: Any, old: Any, name: str) -> Any:
+    """`value` converted the way the field it replaces was (weak arrays, schedules).
+
+    A number replacing a schedule becomes a constant schedule, so the state (which counts
+    steps for the schedule) keeps its structure. A schedule cannot replace a number: the
+    state has no step count for it.
+    """
+    value = as_schedule(as_hyperparameter(value))
+    if is_schedule(old) and not is_schedule(value):
+        return ConstantSchedule(value)
+    if is_schedule(value) and not is_schedule(old):
+        raise ValueError(
+            f"{name} was given as a number when the optimizer was made, so its state has no step "
+            f"count for a schedule: build a new Optimizer with the schedule instead."
+        )
+    if isinstance(value, jax.Array) and isinstance(old, jax.Array) and not isinstance(value, jax.core.Tracer):
+        if value.dtype != old.dtype:
+            value = as_hyperparameter(value.item()) if value.ndim == 0 and old.weak_type else value.astype(old.dtype)
+    return value
+
+
+Getter = Callable[[Any], Any]
+
+
+def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
+    """Maps each hyperparameter's name to (getter of its value, getter of its owning module).
+
+    Short field names are used where unique; clashing names are qualified by their path.
+    """
+    found: list[tuple[str, str, Getter, Getter]] = []
+
+    def visit(node: Any, path: str, get: Getter) -> None:
+        if isinstance(node, (AbstractTransform, AbstractSchedule)):
+            names = hyperparameter_names(node)
+            for name in names:
+                getter = lambda t, get=get, name=name: getattr(get(t), name)
+                found.append((name, f"{path}.{name}".lstrip("."), getter, get))
+                visit(getattr(node, name), f"{path}.{name}", getter)  # a schedule's own numbers
+            for f in dataclasses.fields(node):
+                if f.name not in names and not f.metadata.get("static", False):
+                    child = getattr(node, f.name)
+                    visit(child, f"{path}.{f.name}", lambda t, get=get, n=f.name: getattr(get(t), n))
+        elif isinstance(node, (tuple, list)):
+            for i, child in enumerate(node):
+                visit(child, f"{path}[{i}]", lambda t, get=get, i=i: get(t)[i])
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                visit(child, f"{path}[{key!r}]", lambda t, get=get, key=key: get(t)[key])
+
+    visit(tx, "", lambda t: t)
+    counts: dict[str, int] = {}
+    for name, *_ in found:
+        counts[name] = counts.get(name, 0) + 1
+    return {(name if counts[name] == 1 else path): (get, owner) for name, path, get, owner in found}

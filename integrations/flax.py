@@ -1,0 +1,176 @@
+"""Flax adapters: a linen `TrainState` and an NNX optimizer whose hyperparameters are dynamic.
+
+Flax's own `TrainState` keeps `tx` static and `nnx.Optimizer` rejects a `tx` holding arrays,
+so there a learning-rate change means a retrace or `optax.inject_hyperparams`. Here the
+modopt transform is data: its hyperparameters are traced like the parameters, and
+`state.set(learning_rate=...)` between jitted steps does not retrace.
+
+Flax's partitioning metadata gives the parameters' shardings (`param_shardings`), and
+`state_shardings` derives the whole TrainState's from them, optimizer state included, with
+the rule of every modopt transform (Adafactor's factored statistics too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec
+
+import modopt
+from modopt._base import as_transform
+from modopt._signature import ModelSignature
+from modopt.sharding._shardings import derive_layout
+
+__all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
+
+
+def _owned(tx: Any, where: str) -> modopt.AbstractTransform:
+    """`tx` as a modopt transform with its own copies of the hyperparameters (safe to donate)."""
+    return jax.tree_util.tree_map(jnp.copy, as_transform(tx, where))
+
+
+class TrainState(struct.PyTreeNode):
+    """A drop-in for `flax.training.train_state.TrainState` whose `tx` is a pytree.
+
+    `create(apply_fn=..., params=..., tx=...)`, `apply_gradients(grads=...)`, `replace` and
+    `step` behave as in Flax, and subclasses add fields the same way. The difference: `tx`
+    (any modopt transform, or an optax one) is a pytree field, so its hyperparameters are
+    traced under `jax.jit`. Read them with `state.hyperparameters`; change them with
+    `state.set(learning_rate=1e-4)`, which does not retrace.
+
+    Keyword arguments of `apply_gradients` that name a field of the state replace it (as in
+    Flax); the others reach `tx.update` as extra arguments (for instance the loss `value`).
+    """
+
+    step: Any
+    apply_fn: Callable = struct.field(pytree_node=False)
+    params: Any
+    tx: modopt.AbstractTransform
+    opt_state: Any
+
+    @classmethod
+    def create(cls, *, apply_fn: Callable, params: Any, tx: Any, **kwargs: Any) -> TrainState:
+        tx = _owned(tx, "TrainState")
+        return cls(step=0, apply_fn=apply_fn, params=params, tx=tx, opt_state=tx.init(params), **kwargs)
+
+    def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
+        fields = {f.name for f in dataclasses.fields(self)}
+        replace = {name: value for name, value in kwargs.items() if name in fields}
+        extra_args = {name: value for name, value in kwargs.items() if name not in fields}
+        updates, opt_state = self.tx.update(grads, self.opt_state, self.params, **extra_args)
+        params = modopt.apply_updates(self.params, updates)
+        return self.replace(step=self.step + 1, params=params, opt_state=opt_state, **replace)
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        return modopt.hyperparameters(self.tx)
+
+    def set(self, **values: Any) -> TrainState:
+        """A copy with the transform's hyperparameters replaced by name (no retrace)."""
+        return self.replace(tx=modopt.set_hyperparameters(self.tx, **values))
+
+
+# ---- NNX ----------------------------------------------------------------------------------
+
+
+class Hyperparameter(nnx.Variable):
+    """A hyperparameter of an `NnxOptimizer`'s transform: state, so changing it never retraces."""
+
+
+class OptimizerState(nnx.Variable):
+    """A leaf of an `NnxOptimizer`'s transform state, or its step count."""
+
+
+class NnxOptimizer(nnx.Pytree):
+    """`nnx.Optimizer` for modopt transforms: `NnxOptimizer(model, tx, wrt=nnx.Param)`.
+
+    `update(model, grads, **extra_args)` applies one step to `model` in place. The transform's
+    hyperparameters are `Hyperparameter` variables: read them with `.hyperparameters`,
+    change them with `.set(learning_rate=1e-4)`, and `nnx.jit` does not retrace.
+    """
+
+    def __init__(self, model: nnx.Module, tx: Any, *, wrt: Any = nnx.Param):
+        tx = _owned(tx, "NnxOptimizer")
+        leaves, self._tx_def = jax.tree_util.tree_flatten(tx)
+        self._hyperparameters = nnx.List([Hyperparameter(leaf) for leaf in leaves])
+        self.wrt = wrt
+        self.step = OptimizerState(jnp.array(0, jnp.uint32))
+        params = nnx.as_pure(nnx.state(model, wrt))
+        self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, tx.init(params)))
+
+    @property
+    def tx(self) -> modopt.AbstractTransform:
+        return self._tx_def.unflatten([variable.get_value() for variable in self._hyperparameters])
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        return modopt.hyperparameters(self.tx)
+
+    def set(self, **values: Any) -> None:
+        """Replaces hyperparameters by name, in place."""
+        leaves, treedef = jax.tree_util.tree_flatten(modopt.set_hyperparameters(self.tx, **values))
+        if treedef != self._tx_def:
+            raise ValueError("set cannot change the structure of the transform; build a new optimizer.")
+        for variable, leaf in zip(self._hyperparameters, leaves):
+            variable.set_value(leaf)
+
+    def update(self, model: nnx.Module, grads: Any, /, **extra_args: Any) -> Any:
+        """Applies the update for `grads` (from `nnx.grad` with the same `wrt`) to `model`."""
+        params = nnx.as_pure(nnx.state(model, self.wrt))
+        grads = nnx.as_pure(nnx.state(grads, self.wrt))
+        opt_state = nnx.as_pure(self.opt_state)
+        updates, new_state = self.tx.update(grads, opt_state, params, **nnx.as_pure(extra_args))
+        nnx.update(model, modopt.apply_updates(params, updates))
+        jax.tree_util.tree_map(lambda variable, value: variable.set_value(value), self.opt_state, new_state,
+                               is_leaf=lambda x: isinstance(x, nnx.Variable))
+        self.step.set_value(self.step.get_value() + 1)
+        return updates
+
+
+# ---- shardings from Flax's partitioning metadata -------------------------------------------
+
+
+def param_shardings(params: Any, mesh: Any, rules: Any = None) -> Any:
+    """The `NamedSharding` of each parameter, from Flax's partitioning metadata.
+
+    `params` are linen variables boxed by `nn.with_logical_partitioning` /
+    `nn.with_partitioning` (for instance from `jax.eval_shape(model.init, ...)`), or an NNX
+    state whose variables carry `sharding` metadata. Logical axis names are mapped to mesh
+    axes with `rules` (or the rules set with `nn.logical_axis_rules`). Unannotated leaves
+    are replicated. The result has the structure of the unboxed parameters.
+    """
+    if isinstance(params, nnx.State):
+        specs = nnx.get_partition_spec(params)
+        return jax.tree_util.tree_map(
+            lambda spec: NamedSharding(mesh, spec if isinstance(spec, PartitionSpec) else PartitionSpec()),
+            nnx.as_pure(specs),
+            is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None,
+        )
+    logical = nn.get_partition_spec(params)
+    return nn.logical_to_mesh_sharding(logical, mesh, rules)
+
+
+def state_shardings(state: TrainState, params_shardings: Any, *, zero_axis: str | None = None) -> TrainState:
+    """The `NamedSharding` of every array of a `TrainState` (concrete or from `jax.eval_shape`).
+
+    The parameters take `params_shardings` (see `param_shardings`), the optimizer state is
+    derived from them by each transform's rule (see `modopt.sharding.shardings`), and the
+    step and hyperparameters are replicated. Use it as `out_shardings` of the jitted
+    `TrainState.create` and train step.
+    """
+    params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
+    signature = ModelSignature(params, params)
+    layout = derive_layout(state.tx, signature, state.opt_state, params_shardings, None, zero_axis)
+    replicated = layout.replicated
+    return state.replace(
+        step=replicated,
+        params=layout.params,
+        tx=jax.tree_util.tree_map(lambda _: replicated, state.tx),
+        opt_state=layout.state,
+    )

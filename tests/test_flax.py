@@ -1,0 +1,164 @@
+"""Flax adapters: the linen TrainState and the NNX optimizer against Flax's own with optax.
+
+The sharded linen TrainState with logical axis rules is in `test_sharded.py`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from flax.training import train_state as flax_train_state
+from modopt.integrations.flax import NnxOptimizer, TrainState
+from modopt.integrations.orbax import CheckpointManager
+
+import modopt
+
+X = jax.random.normal(jax.random.key(0), (16, 8))
+Y = jnp.sin(X[:, :4])
+
+
+class LinenMLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(4)(nn.relu(nn.Dense(32)(x)))
+
+
+class NnxMLP(nnx.Module):
+    def __init__(self, rngs):
+        self.hidden = nnx.Linear(8, 32, rngs=rngs)
+        self.out = nnx.Linear(32, 4, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(nnx.relu(self.hidden(x)))
+
+
+def linen_loss(params, apply_fn):
+    return jnp.mean((apply_fn({"params": params}, X) - Y) ** 2)
+
+
+def make_step(traces=None):
+    @jax.jit
+    def step(state):
+        if traces is not None:
+            traces.append(1)
+        grads = jax.grad(linen_loss)(state.params, state.apply_fn)
+        return state.apply_gradients(grads=grads)
+
+    return step
+
+
+def assert_trees_close(a, b, tolerance=1e-5):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tolerance, atol=tolerance)
+
+
+def test_linen_train_state_matches_flax_with_optax():
+    model = LinenMLP()
+    params = model.init(jax.random.key(1), X)["params"]
+    ours = TrainState.create(apply_fn=model.apply, params=params, tx=modopt.adamw(1e-3, weight_decay=1e-2))
+    theirs = flax_train_state.TrainState.create(
+        apply_fn=model.apply, params=params, tx=optax.adamw(1e-3, weight_decay=1e-2)
+    )
+    step = make_step()
+    for _ in range(50):
+        ours, theirs = step(ours), step(theirs)
+    assert int(ours.step) == int(theirs.step) == 50
+    assert_trees_close(ours.params, theirs.params)
+    assert_trees_close(ours.opt_state, theirs.opt_state)
+
+
+def test_changing_the_learning_rate_does_not_retrace():
+    model = LinenMLP()
+    state = TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(1), X)["params"], tx=modopt.adam(1e-3))
+    traces = []
+    step = make_step(traces)
+    state = step(state)
+    for lr in (1e-4, 3e-4, 0.0):
+        state = step(state.set(learning_rate=lr))
+    assert len(traces) == 1
+    assert float(state.hyperparameters["learning_rate"]) == 0.0
+
+
+class ScaleByValueState(NamedTuple):
+    last_value: jax.Array
+
+
+class ScaleByValue(modopt.AbstractTransform):
+    """Multiplies updates by the extra argument `value` (the loss), remembering it."""
+
+    def init(self, params):
+        return ScaleByValueState(last_value=jnp.zeros([]))
+
+    def update(self, updates, state, params=None, *, value, **extra_args):
+        return jax.tree.map(lambda g: g * value, updates), ScaleByValueState(last_value=value)
+
+
+def test_extra_arguments_reach_the_transform_and_fields_are_replaced():
+    class StateWithStats(TrainState):
+        batch_stats: dict
+
+    params = {"w": jnp.ones(3)}
+    tx = modopt.chain(ScaleByValue(), modopt.scale(-0.1))
+    state = StateWithStats.create(apply_fn=None, params=params, tx=tx, batch_stats={"mean": jnp.zeros(3)})
+    state = jax.jit(lambda s: s.apply_gradients(grads={"w": jnp.full(3, 2.0)}, value=jnp.array(0.5),
+                                                batch_stats={"mean": jnp.ones(3)}))(state)
+    np.testing.assert_allclose(state.params["w"], 1.0 - 0.1 * 2.0 * 0.5)
+    assert float(state.opt_state[0].last_value) == 0.5
+    np.testing.assert_array_equal(state.batch_stats["mean"], jnp.ones(3))
+    assert isinstance(state, StateWithStats) and int(state.step) == 1
+
+
+def test_train_state_resume_is_bit_exact(tmp_path):
+    model = LinenMLP()
+    make = lambda: TrainState.create(  # noqa: E731
+        apply_fn=model.apply, params=model.init(jax.random.key(1), X)["params"],
+        tx=modopt.chain(modopt.clip_by_global_norm(1.0), modopt.adamw(modopt.cosine_decay_schedule(1e-2, 20))),
+    )
+    step = make_step()
+    state = make()
+    for i in range(8):
+        state = step(state)
+        if i == 3:
+            with CheckpointManager(tmp_path) as manager:
+                manager.save(4, state=state)
+    fresh = jax.tree.map(jnp.zeros_like, make())
+    with CheckpointManager(tmp_path) as manager:
+        resumed = manager.restore(state=fresh)["state"]
+    for _ in range(4):
+        resumed = step(resumed)
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(state), strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_nnx_optimizer_matches_nnx_optimizer_with_optax_and_set_does_not_retrace():
+    ours_model, their_model = NnxMLP(nnx.Rngs(0)), NnxMLP(nnx.Rngs(0))
+    ours = NnxOptimizer(ours_model, modopt.adamw(1e-3, weight_decay=1e-2), wrt=nnx.Param)
+    theirs = nnx.Optimizer(their_model, optax.adamw(1e-3, weight_decay=1e-2), wrt=nnx.Param)
+    traces = []
+
+    @nnx.jit
+    def step(model, optimizer):
+        traces.append(1)
+        grads = nnx.grad(lambda m: jnp.mean((m(X) - Y) ** 2))(model)
+        optimizer.update(model, grads)
+
+    for _ in range(50):
+        step(ours_model, ours)
+        step(their_model, theirs)
+    assert_trees_close(nnx.state(ours_model, nnx.Param), nnx.state(their_model, nnx.Param))
+    assert int(ours.step.get_value()) == 50
+
+    before = len(traces)
+    ours.set(learning_rate=0.0)
+    frozen = jax.tree.map(np.asarray, nnx.state(ours_model, nnx.Param))
+    step(ours_model, ours)
+    assert len(traces) == before  # the new learning rate is state: no retrace
+    # AdamW scales the whole step, weight decay included, by the learning rate: nothing moves.
+    for a, b in zip(jax.tree.leaves(nnx.state(ours_model, nnx.Param)), jax.tree.leaves(frozen), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)

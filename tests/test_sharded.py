@@ -59,5 +59,9 @@ def test_checkpoint_saved_on_8_devices_resumes_on_4_and_1(tmp_path):
         assert f"ok resumed on {devices} devices" in run_worker("checkpoint", str(tmp_path), "resume", devices=devices)
 
 
+def test_flax_train_state_sharded_by_logical_axis_rules():
+    assert "ok flax" in run_worker("flax")
+
+
 def test_readme_sharding_example_runs():
     assert "ok readme" in run_worker("readme")

@@ -93,16 +93,30 @@ class NnxOptimizer(nnx.Pytree):
     `update(model, grads, **extra_args)` applies one step to `model` in place. The transform's
     hyperparameters are `Hyperparameter` variables: read them with `.hyperparameters`,
     change them with `.set(learning_rate=1e-4)`, and `nnx.jit` does not retrace.
+
+    With `shardings=` (the parameters' shardings, e.g. `param_shardings(nnx.state(model,
+    nnx.Param), mesh)`), the optimizer state is created directly on the shardings each
+    transform's rule derives from them; `zero_axis=` adds ZeRO-1.
     """
 
-    def __init__(self, model: nnx.Module, tx: Any, *, wrt: Any = nnx.Param):
+    def __init__(
+        self, model: nnx.Module, tx: Any, *, wrt: Any = nnx.Param, shardings: Any = None, zero_axis: str | None = None
+    ):
         tx = _owned(tx, "NnxOptimizer")
         leaves, self._tx_def = jax.tree_util.tree_flatten(tx)
         self._hyperparameters = nnx.List([Hyperparameter(leaf) for leaf in leaves])
         self.wrt = wrt
         self.step = OptimizerState(jnp.array(0, jnp.uint32))
         params = nnx.as_pure(nnx.state(model, wrt))
-        self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, tx.init(params)))
+        if shardings is None:
+            opt_state = tx.init(params)
+        else:
+            abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+            layout = derive_layout(
+                tx, ModelSignature(abstract, abstract), jax.eval_shape(tx.init, abstract), shardings, None, zero_axis
+            )
+            opt_state = jax.jit(_init, out_shardings=layout.state)(tx, params)
+        self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, opt_state))
 
     @property
     def tx(self) -> modopt.AbstractTransform:
@@ -131,6 +145,10 @@ class NnxOptimizer(nnx.Pytree):
                                is_leaf=lambda x: isinstance(x, nnx.Variable))
         self.step.set_value(self.step.get_value() + 1)
         return updates
+
+
+def _init(tx: modopt.AbstractTransform, params: Any) -> Any:
+    return tx.init(params)
 
 
 # ---- shardings from Flax's partitioning metadata -------------------------------------------

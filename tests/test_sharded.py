@@ -63,5 +63,9 @@ def test_flax_train_state_sharded_by_logical_axis_rules():
     assert "ok flax" in run_worker("flax")
 
 
+def test_nnx_optimizer_sharded_by_variable_metadata():
+    assert "ok nnx" in run_worker("nnx")
+
+
 def test_readme_sharding_example_runs():
     assert "ok readme" in run_worker("readme")

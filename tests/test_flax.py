@@ -162,3 +162,14 @@ def test_nnx_optimizer_matches_nnx_optimizer_with_optax_and_set_does_not_retrace
     # AdamW scales the whole step, weight decay included, by the learning rate: nothing moves.
     for a, b in zip(jax.tree.leaves(nnx.state(ours_model, nnx.Param)), jax.tree.leaves(frozen), strict=True):
         np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_readme_flax_example_runs(capsys):
+    import os
+    import re
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    section = readme.split("## Flax", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    exec(compile(code, "README.md", "exec"), {})
+    assert "1e-04" in capsys.readouterr().out

@@ -115,7 +115,7 @@ class CheckpointManager:
         }
         ocp = _orbax()
         args = ocp.args.Composite(
-            **{_ARRAYS: ocp.args.StandardSave(arrays), _RECORD: ocp.args.JsonSave(record)}
+            **{_ARRAYS: ocp.args.PyTreeSave(arrays), _RECORD: ocp.args.JsonSave(record)}
         )
         return bool(self._manager.save(step, args=args))
 
@@ -139,7 +139,8 @@ class CheckpointManager:
             name: {f"leaf_{i}": _abstract(x, saved) for i, (saved, x) in enumerate(plan) if saved.kind in ("array", "key")}
             for name, plan in plans.items()
         }
-        restored = self._read_arrays(step, abstract) if any(abstract.values()) else {}
+        abstract = {name: leaves for name, leaves in abstract.items() if leaves}
+        restored = self._read_arrays(step, abstract) if abstract else {}
         self._verify(step, plans, restored)
         return {name: _rebuild(plan, restored.get(name, {}), like_items[name]) for name, plan in plans.items()}
 
@@ -185,7 +186,10 @@ class CheckpointManager:
     def _read_arrays(self, step: int, abstract: dict) -> dict:
         ocp = _orbax()
         try:
-            restored = self._manager.restore(step, args=ocp.args.Composite(**{_ARRAYS: ocp.args.StandardRestore(abstract)}))
+            # Items not asked for are not read (`partial_restore`).
+            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+            arrays = ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
+            restored = self._manager.restore(step, args=ocp.args.Composite(**{_ARRAYS: arrays}))
         except Exception as error:  # noqa: BLE001
             raise CheckpointError(f"The arrays of step {step} could not be read (is the checkpoint corrupted?): {error}") from None
         return restored[_ARRAYS]

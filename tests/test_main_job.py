@@ -2,6 +2,8 @@
 
 import re
 import signal
+
+import numpy as np
 import subprocess
 import sys
 
@@ -15,6 +17,8 @@ def test_digits_trains_above_90_percent(capsys, tmp_path):
     assert len(losses) == 5 and losses[-1] < losses[0] / 5, out
     accuracy = float(re.search(r"test accuracy ([0-9.]+)%", out).group(1))
     assert accuracy > 90.0, out
+    with open(tmp_path / "loss_curve.png", "rb") as plot:
+        assert plot.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def results(out: str) -> list[str]:
@@ -44,3 +48,10 @@ def test_interrupted_run_continues_from_its_last_checkpoint(capsys, tmp_path):
     out = capsys.readouterr().out
     assert f"resuming after epoch {done}" in out
     assert results(out) == straight[done:], (out, straight)
+    # The loss history survives the interruption: the resumed run's record has every epoch.
+    from modopt.integrations.orbax import CheckpointManager
+
+    with CheckpointManager(tmp_path / "run") as manager:
+        record = manager.restore(run=digits._run(digits.argparse.Namespace(epochs=8, seed=0), 0, np.zeros(8, np.float32)))
+    losses = [float(line.split()[4]) for line in straight if line.startswith("epoch")]
+    np.testing.assert_allclose(record["run"]["history"], losses, atol=5e-5)

@@ -110,6 +110,8 @@ def test_round_trip_of_models_states_and_extra_pytrees(tmp_path):
         assert manager.save(1, model=model, optimizer=optimizer, state=state, extra=extra)
         manager.wait_until_finished()
         restored = manager.restore(model=model, optimizer=optimizer, state=state, extra=extra)
+        only_extra = manager.restore(extra=extra)  # a subset of the items: the others are not read
+    assert only_extra.keys() == {"extra"} and only_extra["extra"]["loader_position"] == 1234
     assert bitwise_equal(restored["model"], model)
     assert bitwise_equal(restored["optimizer"], optimizer)
     assert bitwise_equal(restored["state"].params, state.params)

@@ -25,6 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+# torch's OpenMP threads would otherwise spin after each of its runs, slowing whatever runs next.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -40,14 +43,21 @@ SIZES = {
 
 
 def median_seconds(run: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(run())
-    times = []
+    return compare({"run": run}, repeats, warmup)["run"]
+
+
+def compare(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds of each run, with the runs interleaved so that drift hits all alike."""
+    for run in runs.values():
+        for _ in range(warmup):
+            jax.block_until_ready(run())
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(run())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, run in runs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(run())
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def leaves_of(count: int, size: int) -> dict:
@@ -96,10 +106,14 @@ def adam_case(params: dict, repeats: int) -> dict:
     ours_tx, theirs_tx = modopt.adamw(1e-3), optax.adamw(1e-3)
     ours, _ = modopt_step(ours_tx)
     theirs, _ = optax_step(theirs_tx)
-    p = fresh()
-    times = {"modopt": median_seconds(Loop(ours, p, ours_tx.init(p), grads), repeats)}
-    p = fresh()
-    times["optax"] = median_seconds(Loop(theirs, p, theirs_tx.init(p), grads), repeats)
+    ours_params, their_params = fresh(), fresh()
+    times = compare(
+        {
+            "modopt": Loop(ours, ours_params, ours_tx.init(ours_params), grads),
+            "optax": Loop(theirs, their_params, theirs_tx.init(their_params), grads),
+        },
+        repeats,
+    )
     times.update(torch_adamw(params, repeats))
     return times
 
@@ -161,41 +175,51 @@ def mlp_case(width: int, repeats: int) -> dict:
     def ours_filter_jit(model, optimizer):
         return optimizer.step(model, eqx.filter_grad(lambda m: loss(eqx.filter(m, eqx.is_array)))(model))
 
-    def timed(step, *state):
+    def looped(step, *state):
         state = list(state)
 
         def run():
             state[:] = step(*state)
             return state[0]
 
-        return median_seconds(run, repeats * 10)
+        return run
 
     copy = lambda: jax.tree.map(jnp.copy, params)  # noqa: E731
-    return {
-        "modopt": timed(jax.jit(ours, donate_argnums=(0, 1)), copy(), modopt.Optimizer(modopt.adamw(1e-3), params)),
-        "optax": timed(jax.jit(theirs, donate_argnums=(0, 1)), copy(), tx.init(params)),
-        "modopt in eqx.filter_jit": timed(ours_filter_jit, eqx.combine(copy(), static),
-                                          modopt.Optimizer(modopt.adamw(1e-3), model)),
-        "parameters": sum(p.size for p in jax.tree.leaves(params)),
-    }
+    times = compare(
+        {
+            "modopt": looped(jax.jit(ours, donate_argnums=(0, 1)), copy(), modopt.Optimizer(modopt.adamw(1e-3), params)),
+            "optax": looped(jax.jit(theirs, donate_argnums=(0, 1)), copy(), tx.init(params)),
+            "modopt in eqx.filter_jit": looped(
+                ours_filter_jit, eqx.combine(copy(), static), modopt.Optimizer(modopt.adamw(1e-3), model)
+            ),
+        },
+        repeats * 10,
+    )
+    return {**times, "parameters": sum(p.size for p in jax.tree.leaves(params))}
 
 
-def compile_case(count: int, size: int) -> dict:
+def compile_case(count: int, size: int, repeats: int = 3) -> dict:
+    """Seconds to lower and compile a fresh jitted Adam(W) step (median, interleaved)."""
     params = leaves_of(count, size)
     grads = jax.tree.map(jnp.ones_like, params)
     ours_tx, theirs_tx = modopt.adamw(1e-3), optax.adamw(1e-3)
-    _, ours = modopt_step(ours_tx)
-    _, theirs = optax_step(theirs_tx)
+    ours_state, their_state = ours_tx.init(params), theirs_tx.init(params)
 
-    def seconds(lower):
-        start = time.perf_counter()
-        lower().compile()
-        return time.perf_counter() - start
+    def ours():
+        _, step = modopt_step(ours_tx)  # a new function each time: nothing is cached
+        return step.lower(ours_tx, params, ours_state, grads).compile()
 
-    return {
-        "modopt": seconds(lambda: ours.lower(ours_tx, params, ours_tx.init(params), grads)),
-        "optax": seconds(lambda: theirs.lower(params, theirs_tx.init(params), grads)),
-    }
+    def theirs():
+        _, step = optax_step(theirs_tx)
+        return step.lower(params, their_state, grads).compile()
+
+    timings = {"modopt": [], "optax": []}
+    for _ in range(repeats):
+        for name, build in (("modopt", ours), ("optax", theirs)):
+            start = time.perf_counter()
+            build()
+            timings[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in timings.items()}
 
 
 def trace_case() -> dict:

@@ -60,10 +60,9 @@ class Leaf:
         return f"{'a PRNG key' if self.kind == 'key' else 'an array'} of shape {tuple(self.shape)} and dtype {self.dtype}"
 
 
-def leaves_of(item: Any) -> tuple[list[Leaf], Any]:
-    """The records of `item`'s leaves (with the arrays to write), and its treedef."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(item)
-    return [_leaf(jax.tree_util.keystr(path), leaf) for path, leaf in flat], treedef
+def leaves_of(item: Any) -> list[Leaf]:
+    """The records of `item`'s leaves, with the arrays to write."""
+    return [_leaf(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(item)[0]]
 
 
 def _leaf(path: str, x: Any) -> Leaf:

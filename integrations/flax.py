@@ -23,16 +23,10 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 import modopt
-from modopt._base import as_transform
-from modopt._signature import ModelSignature
-from modopt.sharding._shardings import derive_layout
+from modopt._base import owned_transform
+from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
-
-
-def _owned(tx: Any, where: str) -> modopt.AbstractTransform:
-    """`tx` as a modopt transform with its own copies of the hyperparameters (safe to donate)."""
-    return jax.tree_util.tree_map(jnp.copy, as_transform(tx, where))
 
 
 class TrainState(struct.PyTreeNode):
@@ -56,7 +50,7 @@ class TrainState(struct.PyTreeNode):
 
     @classmethod
     def create(cls, *, apply_fn: Callable, params: Any, tx: Any, **kwargs: Any) -> TrainState:
-        tx = _owned(tx, "TrainState")
+        tx = owned_transform(tx, "TrainState")
         return cls(step=0, apply_fn=apply_fn, params=params, tx=tx, opt_state=tx.init(params), **kwargs)
 
     def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
@@ -102,7 +96,7 @@ class NnxOptimizer(nnx.Pytree):
     def __init__(
         self, model: nnx.Module, tx: Any, *, wrt: Any = nnx.Param, shardings: Any = None, zero_axis: str | None = None
     ):
-        tx = _owned(tx, "NnxOptimizer")
+        tx = owned_transform(tx, "NnxOptimizer")
         leaves, self._tx_def = jax.tree_util.tree_flatten(tx)
         self._hyperparameters = nnx.List([Hyperparameter(leaf) for leaf in leaves])
         self.wrt = wrt
@@ -111,11 +105,7 @@ class NnxOptimizer(nnx.Pytree):
         if shardings is None:
             opt_state = tx.init(params)
         else:
-            abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-            layout = derive_layout(
-                tx, ModelSignature(abstract, abstract), jax.eval_shape(tx.init, abstract), shardings, None, zero_axis
-            )
-            opt_state = jax.jit(_init, out_shardings=layout.state)(tx, params)
+            opt_state = params_layout(tx, params, shardings, zero_axis).init(tx, params)
         self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, opt_state))
 
     @property
@@ -145,10 +135,6 @@ class NnxOptimizer(nnx.Pytree):
                                is_leaf=lambda x: isinstance(x, nnx.Variable))
         self.step.set_value(self.step.get_value() + 1)
         return updates
-
-
-def _init(tx: modopt.AbstractTransform, params: Any) -> Any:
-    return tx.init(params)
 
 
 # ---- shardings from Flax's partitioning metadata -------------------------------------------
@@ -182,9 +168,7 @@ def state_shardings(state: TrainState, params_shardings: Any, *, zero_axis: str 
     step and hyperparameters are replicated. Use it as `out_shardings` of the jitted
     `TrainState.create` and train step.
     """
-    params = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
-    signature = ModelSignature(params, params)
-    layout = derive_layout(state.tx, signature, state.opt_state, params_shardings, None, zero_axis)
+    layout = params_layout(state.tx, state.params, params_shardings, zero_axis, state.opt_state)
     replicated = layout.replicated
     return state.replace(
         step=replicated,

@@ -96,7 +96,7 @@ class CheckpointManager:
             return False
         records, arrays = {}, {}
         for name, item in items.items():
-            leaves, _ = leaves_of(item)
+            leaves = leaves_of(item)
             written = [leaf for leaf in leaves if leaf.data is not None]
             for leaf, checksum in zip(written, checksums([leaf.data for leaf in written])):
                 leaf.checksum = checksum
@@ -173,7 +173,7 @@ class CheckpointManager:
             saved = [from_record(r) for r in saved_item["leaves"]]
         except (KeyError, TypeError) as error:
             raise CheckpointError(f"The record of {name!r} at step {step} is garbled: {error!r}.") from None
-        targets, _ = leaves_of(like)
+        targets = leaves_of(like)
         mismatch = first_mismatch(saved, targets)
         if mismatch:
             raise CheckpointError(

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._fields import pretty, static, validate_hyperparameters
@@ -176,6 +177,15 @@ def _accepts_extra_args(tx: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def owned_transform(tx: Any, where: str) -> AbstractTransform:
+    """`tx` as a modopt transform holding its own copies of the hyperparameters.
+
+    Optimizers and train states are donated to jitted steps; copying keeps the caller's `tx`
+    usable afterwards.
+    """
+    return jax.tree_util.tree_map(jnp.copy, as_transform(tx, where))
 
 
 def with_extra_args_support(tx: GradientTransformation) -> AbstractTransform:

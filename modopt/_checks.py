@@ -6,7 +6,6 @@ import dataclasses
 from typing import Any
 
 import equinox as eqx
-
 import jax
 import jax.numpy as jnp
 

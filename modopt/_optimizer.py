@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._base import AbstractTransform, as_transform
+from ._base import AbstractTransform, owned_transform
 from ._checks import align_gradients, check_state
 from ._fields import (
     as_static_tree,
@@ -67,8 +67,7 @@ class Optimizer(eqx.Module):
         mesh: Any = None,
         zero_axis: str | None = None,
     ):
-        # The optimizer owns copies of the hyperparameters: donating it must not delete `tx`'s.
-        self.tx = jax.tree_util.tree_map(jnp.copy, as_transform(tx, "Optimizer"))
+        self.tx = owned_transform(tx, "Optimizer")
         self.wrt = as_static_tree(wrt)
         params = self.trainable(model)
         self.signature = ModelSignature(model, params)
@@ -88,7 +87,7 @@ class Optimizer(eqx.Module):
                 "`jax.jit(..., out_shardings=modopt.sharding.shardings(...))` instead."
             )
         replicated = self.layout.replicated
-        self.state = jax.jit(_init, out_shardings=self.layout.state)(self.tx, params)
+        self.state = self.layout.init(self.tx, params)
         self.tx = jax.device_put(self.tx, replicated, may_alias=False)
         self.count = jax.device_put(jnp.zeros([], jnp.int32), replicated)
 
@@ -155,10 +154,6 @@ class Optimizer(eqx.Module):
         for f in dataclasses.fields(self):
             object.__setattr__(new, f.name, changes.get(f.name, getattr(self, f.name)))
         return new
-
-
-def _init(tx: AbstractTransform, params: Any) -> Any:
-    return tx.init(params)
 
 
 def _is_none(x: Any) -> bool:

@@ -203,8 +203,8 @@ def created() -> None:
         whole = modopt.sharding.bytes_per_device(jax.eval_shape(tx.init, params))
         # Split 8 ways, except Adafactor's row statistic: "model" split the axis it reduces.
         assert per_device * 3 < whole, (per_device, whole)
-        # The function and out_shardings that `Optimizer.__init__` jits.
-        init = jax.jit(modopt._optimizer._init, out_shardings=optimizer.layout.state)
+        # The function and out_shardings that `Layout.init` (used by `Optimizer.__init__`) jits.
+        init = jax.jit(modopt.sharding._shardings._init, out_shardings=optimizer.layout.state)
         memory = init.lower(optimizer.tx, params).compile().memory_analysis()
         allocated = memory.output_size_in_bytes + memory.temp_size_in_bytes
         assert allocated <= per_device + 64, f"{type(tx).__name__}: init allocates {allocated} bytes per device, the state's part is {per_device}"

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from .._base import AbstractComposite
-from .._fields import NONNEGATIVE, PROBABILITY_EXCLUSIVE, as_static_tree, canonical_dtype, hyperparameter, static
+from .._fields import (
+    NONNEGATIVE,
+    PROBABILITY_EXCLUSIVE,
+    as_static_tree,
+    canonical_dtype,
+    hyperparameter,
+    static,
+)
 from ..combinators import Chain
 from ..schedules._base import scalar_or_schedule
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate

@@ -36,16 +36,13 @@ class Layout:
         )
         self._hash = hash(self._key)
 
-    # The hash of strings and treedefs differs between processes: pickle without it.
-    def __getstate__(self):
-        return self.mesh, self.params, self.state
-
-    def __setstate__(self, state):
-        self.__init__(*state)
-
     @property
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
+
+    def init(self, tx: Any, params: Any) -> Any:
+        """`tx.init(params)` created directly on this layout: never whole on one device."""
+        return jax.jit(_init, out_shardings=self.state)(tx, params)
 
     def impose(self, params: Any, state: Any) -> tuple[Any, Any]:
         """`params` and `state` constrained to this layout (inside a jitted step)."""
@@ -99,6 +96,18 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
         state=layout.state,
         count=replicated,
     )
+
+
+def _init(tx: Any, params: Any) -> Any:
+    return tx.init(params)
+
+
+def params_layout(tx: Any, params: Any, param_shardings: Any, zero_axis: str | None = None, state: Any = None) -> Layout:
+    """The `Layout` of `tx`'s `state` (default: its init's) for a plain tree of parameters."""
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    if state is None:
+        state = jax.eval_shape(tx.init, abstract)
+    return derive_layout(tx, ModelSignature(abstract, abstract), state, param_shardings, None, zero_axis)
 
 
 def derive_layout(tx: Any, signature: ModelSignature, state: Any, model_shardings: Any, mesh: Any, zero_axis: str | None) -> Layout:

@@ -9,7 +9,14 @@ import jax.numpy as jnp
 
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, PROBABILITY_EXCLUSIVE, canonical_dtype, hyperparameter, static
-from .._moments import bias_correction, cast, cast_like, update_moment, update_moment_per_elem_norm, zeros_like
+from .._moments import (
+    bias_correction,
+    cast,
+    cast_like,
+    update_moment,
+    update_moment_per_elem_norm,
+    zeros_like,
+)
 from .._numerics import safe_increment
 
 

@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ._fields import pretty, static, validate_hyperparameters
+from ._extra_args import ExtraArg
+from ._fields import pretty, static, tree_hash, validate_hyperparameters
 from ._specs import follow_params
 
 PyTree = Any
-Params = Any
-Updates = Any
-OptState = Any
+Params = Any  # a pytree of parameter arrays
+Updates = Any  # a pytree of updates (gradients), shaped like the params
+OptState = Any  # a transform's state: a pytree of arrays
+TransformInitFn = Callable[[Params], OptState]
+TransformUpdateFn = Callable[..., tuple[Updates, OptState]]  # (updates, state, params=None)
+TransformUpdateExtraArgsFn = Callable[..., tuple[Updates, OptState]]  # (updates, state, params=None, **extra_args)
 
 
 @runtime_checkable
@@ -61,7 +65,13 @@ class AbstractTransform(eqx.Module):
 
     Subclasses declare their hyperparameters as fields (see `modopt._fields`) and implement
     `init` and `update`. Concrete subclasses are final: compose transforms, don't inherit.
+
+    A transform whose `update` reads extra keyword arguments (the loss `value`, ...) lists
+    them in `extra_args_spec`; compositions merge them (see `modopt._extra_args`). Like
+    optax's `GradientTransformation` pair, a transform unpacks: `init, update = tx`.
     """
+
+    extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = ()
 
     @abc.abstractmethod
     def init(self, params: Params) -> OptState:
@@ -87,13 +97,16 @@ class AbstractTransform(eqx.Module):
     def __check_init__(self):
         validate_hyperparameters(self)
 
-    # Flax's linen `TrainState` keeps `tx` as a static field, which JAX hashes. Arrays are not
-    # hashable, so a transform hashes by its structure and the bytes of its concrete leaves.
-    def __hash__(self):
-        leaves, treedef = jax.tree_util.tree_flatten(self)
-        return hash((treedef, tuple(_hashable(leaf) for leaf in leaves)))
-
+    # Flax's linen `TrainState` keeps `tx` as a static field, which JAX hashes.
+    __hash__ = tree_hash
     __eq__ = eqx.Module.__eq__
+
+    # optax's transforms are `(init, update)` pairs; code unpacking them works on ours.
+    def __iter__(self):
+        return iter((self.init, self.update))
+
+    def __getitem__(self, index: int):
+        return (self.init, self.update)[index]
 
     def __repr__(self):
         return pretty(self)
@@ -120,13 +133,33 @@ class AbstractComposite(AbstractTransform):
         return self.build().state_specs(params, param_specs)
 
 
-def _hashable(leaf: Any) -> Any:
-    if isinstance(leaf, jax.core.Tracer):
-        raise TypeError("A transform holding traced values cannot be hashed.")
-    if isinstance(leaf, (jax.Array, np.ndarray)):
-        array = np.asarray(leaf)
-        return (array.shape, array.dtype.str, array.tobytes())
-    return leaf
+class AbstractWrapper(AbstractTransform):
+    """A transform around one `inner` transform, whose state keeps the inner state in a field.
+
+    Subclasses declare `inner` with `inner_transform()` and a state NamedTuple holding the
+    inner state in the field named `inner_state_field`. Extra arguments reach the inner
+    transform by the wrapper's own `update`, and are declared by it (see `modopt._extra_args`).
+    The default sharding rule places the wrapper's own state by shape (`follow_params`) and
+    the inner state by the inner transform's rule, on `inner_view` of the parameters.
+    """
+
+    inner: eqx.AbstractVar[AbstractTransform]
+    inner_state_field: ClassVar[str] = "inner_state"
+
+    def inner_view(self, tree: PyTree, params: Params) -> PyTree:
+        """What the inner transform sees of a params-shaped `tree` (all of it, unless masked)."""
+        del params
+        return tree
+
+    def state_specs(self, params, param_specs):
+        own = follow_params(jax.eval_shape(self.init, params), params, param_specs, type(self).__name__)
+        inner = self.inner.state_specs(self.inner_view(params, params), self.inner_view(param_specs, params))
+        return own._replace(**{self.inner_state_field: inner})
+
+
+def inner_transform(**kwargs: Any):
+    """The field of a wrapper's inner transform: a modopt transform, or an optax one wrapped."""
+    return eqx.field(converter=lambda tx: as_transform(tx, "the wrapped transform"), **kwargs)
 
 
 def init_empty_state(params: Params) -> EmptyState:
@@ -143,15 +176,15 @@ class FromOptax(AbstractTransform):
     """
 
     tx: Any = static()
-    accepts_extra_args: bool = static(default=True)
+    accepted_extra_args: tuple[str, ...] | None = static(default=None)  # None: any (`**kwargs`)
 
     def init(self, params):
         return self.tx.init(params)
 
     def update(self, updates, state, params=None, **extra_args):
-        if self.accepts_extra_args:
-            return self.tx.update(updates, state, params, **extra_args)
-        return self.tx.update(updates, state, params)
+        if self.accepted_extra_args is not None:
+            extra_args = {k: v for k, v in extra_args.items() if k in self.accepted_extra_args}
+        return self.tx.update(updates, state, params, **extra_args)
 
 
 def from_optax(tx: GradientTransformation) -> AbstractTransform:
@@ -167,16 +200,18 @@ def from_optax(tx: GradientTransformation) -> AbstractTransform:
         raise TypeError(
             f"Expected an object with `init` and `update` methods, got {type(tx).__name__}."
         )
-    return FromOptax(tx, accepts_extra_args=_accepts_extra_args(tx))
+    return FromOptax(tx, accepted_extra_args=_accepted_extra_args(tx))
 
 
-def _accepts_extra_args(tx: Any) -> bool:
-    """Whether `tx.update` takes `**extra_args` (as optax's `...ExtraArgs` transforms do)."""
+def _accepted_extra_args(tx: Any) -> tuple[str, ...] | None:
+    """The keywords `tx.update` takes beyond `(updates, state, params)`; `None` if it takes `**kwargs`."""
     try:
         parameters = inspect.signature(tx.update).parameters.values()
     except (TypeError, ValueError):
-        return False
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+        return ()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def owned_transform(tx: Any, where: str) -> AbstractTransform:

@@ -9,8 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-_is_none = lambda x: x is None  # noqa: E731
-
+from ._trees import is_none
 
 def _children(tree: Any) -> list[tuple[str, Any]]:
     """The direct children of a pytree node, with their path suffixes."""
@@ -105,8 +104,8 @@ def align_gradients(model: Any, params: Any, grads: Any) -> Any:
 def check_state(transform: Any, state: Any, params: Any) -> None:
     """Raises `ValueError` naming the path where `state` differs from `transform.init(params)`."""
     expected = jax.eval_shape(transform.init, params)
-    found_def = jax.tree_util.tree_structure(state, is_leaf=_is_none)
-    expected_def = jax.tree_util.tree_structure(expected, is_leaf=_is_none)
+    found_def = jax.tree_util.tree_structure(state, is_leaf=is_none)
+    expected_def = jax.tree_util.tree_structure(expected, is_leaf=is_none)
     where = f"{type(transform).__name__}"
     if found_def != expected_def:
         raise ValueError(

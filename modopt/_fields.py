@@ -22,7 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_CHECK = "modopt_check"
+_CHECK = "modopt_check"  # metadata key: the field is a hyperparameter, with this `Check` (or None)
+_KIND = "modopt_kind"  # metadata key: what a hyperparameter accepts (see `_KINDS`)
+_KINDS = {
+    "number": "a number",
+    "number_or_schedule": "a number or a schedule (a callable of the step count)",
+    "schedule": "a schedule (a callable of the step count)",
+}
 
 
 class Check:
@@ -51,32 +57,117 @@ def interval(lo: float, hi: float, *, closed_lo: bool = True, closed_hi: bool = 
 
 NONNEGATIVE = Check(">= 0", lambda v: bool(np.all(v >= 0)))
 POSITIVE = Check("> 0", lambda v: bool(np.all(v > 0)))
+FINITE = Check("finite", lambda v: bool(np.all(np.isfinite(v))))
 UNIT = interval(0, 1, closed_hi=True)  # [0, 1]
 PROBABILITY_EXCLUSIVE = interval(0, 1)  # [0, 1), e.g. Adam's betas
+
+
+class Rate(eqx.Module):
+    """A decay rate `b` stored with its complement `1 - b`, both as float32 leaves.
+
+    EMAs weigh new values by `1 - b`. For `b = 0.999` in float32, `1 - b` loses four digits
+    (`0.00099998713` instead of `0.001`): a rate given as a Python number keeps its
+    complement computed in double precision, so `1 - rate` is exact to float32. Elsewhere a
+    rate acts as its value (`rate * x`, `rate ** t`, `jnp.asarray(rate)`, `float(rate)`).
+    Gradients with respect to the rate flow through `value` only.
+    """
+
+    value: Any
+    complement: Any
+
+    def __jax_array__(self):
+        return jnp.asarray(self.value)
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.value, dtype=dtype)
+
+    def __float__(self):
+        return float(self.value)
+
+    def __rsub__(self, other):
+        if isinstance(other, (int, float)) and other == 1:
+            # The forward value is the stored complement; the gradient is that of `1 - value`.
+            approximate = 1 - jnp.asarray(self.value)
+            return approximate + jax.lax.stop_gradient(jnp.asarray(self.complement) - approximate)
+        return other - jnp.asarray(self.value)
+
+    def __mul__(self, other):
+        return jnp.asarray(self.value) * other
+
+    __rmul__ = __mul__
+
+    def __pow__(self, other):
+        return jnp.asarray(self.value) ** other
+
+    def __neg__(self):
+        return -jnp.asarray(self.value)
+
+    def __repr__(self):
+        return repr(_Number(np.asarray(self.value)[()])) if is_concrete(self.value) else "Rate(traced)"
+
+
+def as_rate(value: Any) -> Any:
+    """Converter of rate fields: a number becomes a `Rate` with an exact complement.
+
+    `None`, rates and values that are not numbers pass through (validation reports them).
+    """
+    if value is None or isinstance(value, Rate):
+        return value
+    number = as_hyperparameter(value)
+    if not isinstance(number, jax.Array):
+        return number
+    if isinstance(number, jax.core.Tracer):
+        return Rate(number, 1 - number)
+    exact = 1.0 - np.asarray(value, np.float64)  # in double precision, then rounded once
+    if number.weak_type and number.ndim == 0:
+        return Rate(number, jnp.asarray(float(exact)))
+    return Rate(number, jnp.asarray(exact, number.dtype))
 
 
 def as_hyperparameter(value: Any) -> Any:
     """Converts a numeric hyperparameter to an array leaf, keeping Python scalars weakly typed.
 
-    `None`, callables and modules (schedules) pass through: they are handled by their owner.
+    Integers beyond int32 (step counts such as `decay_steps=10**10`) become weak floats.
+    Anything that is not a number (`None`, schedules, strings) passes through unchanged:
+    `validate_hyperparameters` reports it with the field's name.
     """
     if value is None or callable(value) or isinstance(value, (jax.Array, eqx.Module)):
         return value
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"Expected a number, got the boolean {value!r}.")
+        return value
+    if isinstance(value, int) and not -(2**31) <= value < 2**31:
+        return jnp.asarray(float(value))
     if isinstance(value, (int, float, complex)):
         return jnp.asarray(value)  # weakly typed
-    if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0:
-        return jnp.asarray(value.item())  # a NumPy scalar acts like a Python scalar
-    return jnp.asarray(value)
+    if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0 and np.issubdtype(value.dtype, np.number):
+        return as_hyperparameter(value.item())  # a NumPy scalar acts like a Python scalar
+    try:
+        array = jnp.asarray(value)
+    except (TypeError, ValueError):
+        return value
+    return array if jnp.issubdtype(array.dtype, jnp.number) else value
 
 
-def hyperparameter(default: Any = dataclasses.MISSING, *, check: Check | None = None, **kwargs):
-    """A numeric hyperparameter field: an array leaf, validated at construction by `check`."""
+def hyperparameter(
+    default: Any = dataclasses.MISSING, *, check: Check | None = None, kind: str = "number", **kwargs
+):
+    """A numeric hyperparameter field: an array leaf, validated at construction by `check`.
+
+    `kind` says what it accepts: "number" (the default), "number_or_schedule" (see
+    `scalar_or_schedule`) or "schedule". `None` is accepted only where it is the default.
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"Unknown hyperparameter kind {kind!r}; the kinds are {sorted(_KINDS)}.")
     metadata = dict(kwargs.pop("metadata", {}))
     metadata[_CHECK] = check
+    metadata[_KIND] = kind
     converter = kwargs.pop("converter", as_hyperparameter)
     return eqx.field(default=default, converter=converter, metadata=metadata, **kwargs)
+
+
+def rate(default: Any = dataclasses.MISSING, *, check: Check | None = None, **kwargs):
+    """A decay-rate hyperparameter (a `Rate`: `1 - rate` stays exact in float32)."""
+    return hyperparameter(default, check=check, converter=as_rate, **kwargs)
 
 
 def static(default: Any = dataclasses.MISSING, **kwargs):
@@ -84,37 +175,102 @@ def static(default: Any = dataclasses.MISSING, **kwargs):
     return eqx.field(default=default, static=True, **kwargs)
 
 
+def as_key(value: Any) -> jax.Array:
+    """A typed PRNG key from a seed (int), a typed key, or raw `uint32` key data."""
+    if isinstance(value, (bool, np.bool_)) or value is None:
+        raise TypeError(f"Expected a PRNG key or an integer seed, got {value!r}.")
+    if isinstance(value, (int, np.integer)):
+        return jax.random.key(int(value))
+    if isinstance(value, (jax.Array, np.ndarray)):
+        if jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+            return value
+        if jnp.issubdtype(value.dtype, jnp.unsignedinteger):
+            return jax.random.wrap_key_data(jnp.asarray(value, jnp.uint32))
+        if value.ndim == 0 and jnp.issubdtype(value.dtype, jnp.integer) and not isinstance(value, jax.core.Tracer):
+            return jax.random.key(int(value))
+    raise TypeError(
+        f"Expected a PRNG key (`jax.random.key(seed)`) or an integer seed, got {type(value).__name__} "
+        f"{getattr(value, 'dtype', '')}."
+    )
+
+
+def prng_key(default: Any = dataclasses.MISSING, **kwargs):
+    """A PRNG-key field: a typed key leaf (from a key, raw key data or an integer seed).
+
+    Typed keys hash (see `tree_hash`), are replicated by the sharding rules and are saved by
+    the Orbax integration as their key data.
+    """
+    return eqx.field(default=default, converter=as_key, **kwargs)
+
+
 def is_concrete(value: Any) -> bool:
     """True when `value` can be inspected in Python (not a tracer inside `jit`)."""
+    if isinstance(value, Rate):
+        return is_concrete(value.value)
     if isinstance(value, jax.core.Tracer):
         return False
     return isinstance(value, (jax.Array, np.ndarray, np.generic, int, float))
 
 
-def validate_hyperparameters(module: eqx.Module) -> None:
-    """Raises `ValueError("Invalid b2: 1.0 (must be in [0, 1))")` for out-of-range values.
+def _is_number(value: Any) -> bool:
+    if isinstance(value, Rate):
+        return True
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        return jnp.issubdtype(value.dtype, jnp.number)
+    return isinstance(value, (int, float, complex))
 
-    Values that are not concrete (traced inside `jit`) cannot be checked and are skipped.
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if is_concrete(value):
+        concrete = np.asarray(value)
+        return str(concrete[()] if concrete.ndim == 0 else concrete)  # at its own precision
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def validate_hyperparameters(module: eqx.Module) -> None:
+    """Raises `ValueError("Invalid b2: 1.0 (must be in [0, 1)) in ScaleByAdam.")` for bad values.
+
+    Checks, for every hyperparameter field, that the value is of an accepted kind (a number,
+    a schedule, `None` only where `None` is the default), and a concrete number passes the
+    field's `Check`. Traced values (inside `jit`) cannot be inspected and are skipped.
     """
     for f in dataclasses.fields(module):
-        check = f.metadata.get(_CHECK)
-        if check is None:
+        if _KIND not in f.metadata:
             continue
-        value = getattr(module, f.name)
-        if not is_concrete(value):
+        value, kind, check = getattr(module, f.name), f.metadata[_KIND], f.metadata[_CHECK]
+        where = f"in {type(module).__name__}"
+        if value is None:
+            if f.default is None:
+                continue
+            raise ValueError(f"Invalid {f.name}: None (expected {_KINDS[kind]}) {where}.")
+        if callable(value) or isinstance(value, eqx.Module) and not isinstance(value, Rate):
+            if kind == "number":
+                raise ValueError(
+                    f"Invalid {f.name}: {_shown(value)} is a schedule or function, but {f.name} takes a "
+                    f"number {where}. Only learning-rate-like hyperparameters accept schedules."
+                )
+            continue
+        if kind == "schedule":
+            raise ValueError(f"Invalid {f.name}: {_shown(value)} (expected {_KINDS[kind]}) {where}.")
+        if not _is_number(value):
+            raise ValueError(
+                f"Invalid {f.name}: {_shown(value)} of type {type(value).__name__} (expected {_KINDS[kind]}) {where}."
+            )
+        if check is None or not is_concrete(value):
             continue
         concrete = np.asarray(value)
         if np.iscomplexobj(concrete) or not check.predicate(concrete):
-            shown = concrete[()] if concrete.ndim == 0 else concrete  # at its own precision
-            raise ValueError(
-                f"Invalid {f.name}: {shown!s} (must be {check.description}) "
-                f"in {type(module).__name__}."
-            )
+            raise ValueError(f"Invalid {f.name}: {_shown(value)} (must be {check.description}) {where}.")
 
 
 def hyperparameter_names(module: eqx.Module) -> tuple[str, ...]:
     """Names of the fields declared with `hyperparameter(...)`."""
-    return tuple(f.name for f in dataclasses.fields(module) if _CHECK in f.metadata)
+    return tuple(f.name for f in dataclasses.fields(module) if _KIND in f.metadata)
 
 
 def canonical_dtype(dtype: Any) -> Any:
@@ -128,20 +284,15 @@ class StaticTree:
     """A hashable, static holder for a pytree of Python values (masks, labels).
 
     Masks and labels decide the *structure* of the state, so they must be known at trace
-    time: they are stored as (treedef, leaves) and rebuilt on demand.
+    time: they are stored as (treedef, leaves) and rebuilt on demand. Scalar NumPy and JAX
+    booleans and integers count as Python values.
     """
 
     __slots__ = ("_leaves", "_treedef")
 
     def __init__(self, tree: Any):
         leaves, treedef = jax.tree_util.tree_flatten(tree)
-        for leaf in leaves:
-            if isinstance(leaf, (jax.Array, np.ndarray)):
-                raise TypeError(
-                    "Masks and labels must hold Python values (bools, strings) or be a "
-                    f"callable, not arrays: got {type(leaf).__name__}. Use Python bools."
-                )
-        self._leaves = tuple(leaves)
+        self._leaves = tuple(_python_value(leaf, path) for path, leaf in zip(_leaf_paths(treedef), leaves))
         self._treedef = treedef
 
     @property
@@ -162,9 +313,41 @@ class StaticTree:
         return repr(self.tree)
 
 
+def _leaf_paths(treedef: Any) -> list[str]:
+    numbered = treedef.unflatten(range(treedef.num_leaves))
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(numbered)[0]]
+
+
+def _python_value(leaf: Any, path: str) -> Any:
+    """A mask or label leaf as a hashable Python value; arrays of several elements are an error."""
+    if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+        if isinstance(leaf, jax.core.Tracer) or np.ndim(leaf) != 0:
+            raise TypeError(
+                f"Masks and labels hold one Python value (a bool, a string) per parameter leaf or "
+                f"subtree, or are a function of the params; at {path or 'the root'} there is an array "
+                f"of shape {np.shape(leaf)}."
+            )
+        return np.asarray(leaf).item()
+    return leaf
+
+
+def _is_function(value: Any) -> bool:
+    """A callable to be called on the params, as opposed to a tree of values.
+
+    An Equinox module is callable, yet a mask is often shaped like the model: a module
+    whose leaves are all Python values (bools, strings, `None`) is taken as a tree.
+    """
+    if not callable(value):
+        return False
+    if not isinstance(value, eqx.Module):
+        return True
+    leaves = jax.tree_util.tree_leaves(value)
+    return not all(isinstance(leaf, (bool, int, str, np.bool_, np.integer)) for leaf in leaves)
+
+
 def as_static_tree(value: Any) -> Any:
-    """Converter for mask/label fields: callables stay, pytrees become `StaticTree`."""
-    if value is None or callable(value) or isinstance(value, StaticTree):
+    """Converter for mask/label fields: functions stay, pytrees become `StaticTree`."""
+    if value is None or isinstance(value, StaticTree) or _is_function(value):
         return value
     return StaticTree(value)
 
@@ -173,18 +356,40 @@ def resolve_tree(value: Any, params: Any) -> Any:
     """The concrete mask/labels tree: call it on `params` if it is a function."""
     if isinstance(value, StaticTree):
         return value.tree
-    return value(params)
+    return as_static_tree(value(params)).tree
 
 
 def pretty(module: eqx.Module) -> str:
     """The module's repr with concrete scalar hyperparameters shown as numbers."""
 
     def number(leaf):
-        if isinstance(leaf, jax.Array) and is_concrete(leaf) and leaf.ndim == 0:
+        if isinstance(leaf, (jax.Array, Rate)) and is_concrete(leaf) and np.ndim(leaf) == 0:
             return _Number(np.asarray(leaf)[()])
         return leaf
 
-    return eqx.tree_pformat(jax.tree_util.tree_map(number, module), short_arrays=True)
+    is_rate = lambda x: isinstance(x, Rate)  # noqa: E731
+    return eqx.tree_pformat(jax.tree_util.tree_map(number, module, is_leaf=is_rate), short_arrays=True)
+
+
+def tree_hash(module: eqx.Module) -> int:
+    """A hash of a module by its structure and the bytes of its concrete leaves.
+
+    Transforms and schedules hash this way, so they can be static (Flax's linen `TrainState`
+    keeps `tx` static) and be `jax.jit`'s function. Traced modules cannot be hashed.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(module)
+    return hash((treedef, tuple(_hashable(leaf) for leaf in leaves)))
+
+
+def _hashable(leaf: Any) -> Any:
+    if isinstance(leaf, jax.core.Tracer):
+        raise TypeError("A transform or schedule holding traced values cannot be hashed.")
+    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return (str(leaf.dtype), _hashable(jax.random.key_data(leaf)))
+    if isinstance(leaf, (jax.Array, np.ndarray)):
+        array = np.asarray(leaf)
+        return (array.shape, array.dtype.str, array.tobytes())
+    return leaf
 
 
 class _Number:

@@ -8,9 +8,11 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from ._base import AbstractTransform
-from ._fields import as_hyperparameter, hyperparameter_names, validate_hyperparameters
+from ._fields import Rate, as_hyperparameter, as_rate, hyperparameter_names, validate_hyperparameters
+from ._trees import is_none
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule
 from .schedules._schedules import ConstantSchedule
 
@@ -22,7 +24,12 @@ def hyperparameters(tx: AbstractTransform) -> dict[str, Any]:
         >>> modopt.hyperparameters(modopt.adam(1e-3))["learning_rate"]
         Array(0.001, dtype=float32, weak_type=True)
     """
-    return {name: get(tx) for name, (get, _) in _hyperparameter_index(tx).items()}
+    return {name: _readable(get(tx)) for name, (get, _) in _hyperparameter_index(tx).items()}
+
+
+def _readable(value: Any) -> Any:
+    """A rate is read as its value (its exact complement is bookkeeping)."""
+    return value.value if isinstance(value, Rate) else value
 
 
 def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransform:
@@ -36,18 +43,30 @@ def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransfo
         if name not in index:
             raise KeyError(f"No hyperparameter named {name!r}; the names are {sorted(index)}.")
         get, owner = index[name]
-        tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=lambda x: x is None)
+        tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=is_none)
         validate_hyperparameters(owner(tx))
     return tx
 
 
 def _like(value: Any, old: Any, name: str) -> Any:
-    """`value` converted the way the field it replaces was (weak arrays, schedules).
+    """`value` converted the way the field it replaces was (weak arrays, rates, schedules).
 
     A number replacing a schedule becomes a constant schedule, so the state (which counts
-    steps for the schedule) keeps its structure. A schedule cannot replace a number: the
-    state has no step count for it.
+    steps for the schedule) keeps its structure. What would change the state's structure is
+    an error: a schedule replacing a number (the state has no step count for it), a number
+    replacing `None` or the reverse (momentum switched on or off).
     """
+    if (old is None) != (value is None):
+        was, now = ("None", "a value") if old is None else ("a value", "None")
+        raise ValueError(
+            f"Cannot set {name} from {was} to {now}: that changes the structure of the optimizer's "
+            f"state (e.g. momentum buffers). Build a new optimizer with {name}={value!r} instead."
+        )
+    if isinstance(old, Rate):
+        new = as_rate(value)  # its complement computed from the number as given
+        if not isinstance(new, Rate):
+            return new  # not a number: validation reports it
+        return Rate(_like(new.value, old.value, name), _like(new.complement, old.complement, name))
     value = as_schedule(as_hyperparameter(value))
     if is_schedule(old) and not is_schedule(value):
         return ConstantSchedule(value)
@@ -57,9 +76,19 @@ def _like(value: Any, old: Any, name: str) -> Any:
             f"count for a schedule: build a new Optimizer with the schedule instead."
         )
     if isinstance(value, jax.Array) and isinstance(old, jax.Array) and not isinstance(value, jax.core.Tracer):
-        if value.dtype != old.dtype:
-            value = as_hyperparameter(value.item()) if value.ndim == 0 and old.weak_type else value.astype(old.dtype)
+        if value.shape != old.shape:
+            raise ValueError(f"Cannot set {name} to an array of shape {value.shape}: it has shape {old.shape}.")
+        if value.dtype != old.dtype or value.weak_type != old.weak_type:
+            value = _same_type(value, old)
     return value
+
+
+def _same_type(value: jax.Array, old: jax.Array) -> jax.Array:
+    """`value` with the dtype and weak type of `old`, so a jitted step sees the same types."""
+    if old.weak_type and old.ndim == 0:
+        kind = float if jnp.issubdtype(old.dtype, jnp.floating) else complex if jnp.iscomplexobj(old) else int
+        return jnp.asarray(kind(value.item()))
+    return value.astype(old.dtype)
 
 
 Getter = Callable[[Any], Any]

@@ -11,18 +11,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._numerics import abs_sq
-
-
-def _map(f, updates, moments):
-    return jax.tree_util.tree_map(
-        lambda g, m: None if g is None else f(g, m), updates, moments, is_leaf=lambda x: x is None
-    )
+from ._trees import abs_sq, map_updates
 
 
 def update_moment(updates: Any, moments: Any, decay: Any, order: int) -> Any:
     """EMA of the `order`-th power: `(1 - decay) * g**order + decay * m`."""
-    return _map(lambda g, m: (1 - decay) * (g**order) + decay * m, updates, moments)
+    return map_updates(lambda g, m: (1 - decay) * (g**order) + decay * m, updates, moments)
 
 
 def update_moment_per_elem_norm(updates: Any, moments: Any, decay: Any, order: int) -> Any:
@@ -34,12 +28,12 @@ def update_moment_per_elem_norm(updates: Any, moments: Any, decay: Any, order: i
         half = order / 2
         return abs_sq(g) ** (int(half) if float(half).is_integer() else half)
 
-    return _map(lambda g, m: (1 - decay) * power_of_norm(g) + decay * m, updates, moments)
+    return map_updates(lambda g, m: (1 - decay) * power_of_norm(g) + decay * m, updates, moments)
 
 
 def update_infinity_moment(updates: Any, moments: Any, decay: Any, eps: Any) -> Any:
     """EMA of the infinity norm: `max(|g| + eps, decay * m)`."""
-    return _map(lambda g, m: jnp.maximum(jnp.abs(g) + eps, decay * m), updates, moments)
+    return map_updates(lambda g, m: jnp.maximum(jnp.abs(g) + eps, decay * m), updates, moments)
 
 
 @functools.partial(jax.jit, inline=True)  # compiled `pow` rounds alike in eager and jitted code
@@ -51,20 +45,3 @@ def bias_correction(moment: Any, decay: Any, count: Any) -> Any:
     """
     correction = 1 - jnp.asarray(decay) ** count
     return jax.tree_util.tree_map(lambda m: m / correction.astype(m.dtype), moment)
-
-
-def zeros_like(params: Any, dtype: Any = None) -> Any:
-    """Zeros shaped like each leaf of `params` (in `dtype` if given); `None` leaves stay."""
-    return jax.tree_util.tree_map(lambda p: jnp.zeros_like(p, dtype=dtype), params)
-
-
-def cast(tree: Any, dtype: Any) -> Any:
-    """Casts every leaf to `dtype`, or leaves the tree as it is when `dtype` is None."""
-    if dtype is None:
-        return tree
-    return jax.tree_util.tree_map(lambda x: x.astype(dtype), tree)
-
-
-def cast_like(tree: Any, like: Any) -> Any:
-    """Casts each leaf of `tree` to the dtype of the matching leaf of `like`."""
-    return jax.tree_util.tree_map(lambda x, y: x.astype(jnp.asarray(y).dtype), tree, like)

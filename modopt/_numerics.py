@@ -7,19 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-
-def abs_sq(x: jax.Array) -> jax.Array:
-    """`|x|**2`, real-valued also for complex `x`."""
-    x = jnp.asarray(x)
-    return (jnp.conj(x) * x).real
-
-
-def global_norm(updates: Any) -> jax.Array:
-    """The L2 norm of all leaves of a pytree taken together (complex leaves by modulus)."""
-    leaves = jax.tree_util.tree_leaves(updates)
-    if not leaves:
-        return jnp.zeros([], jnp.float32)
-    return jnp.sqrt(sum(jnp.sum(abs_sq(x)) for x in leaves))
+from ._trees import abs_sq as abs_sq
+from ._trees import global_norm as global_norm
 
 
 def safe_norm(x, min_norm, ord=None, axis=None, keepdims: bool = False) -> jax.Array:  # noqa: A002
@@ -53,7 +42,8 @@ def safe_increment(count: jax.Array) -> jax.Array:
         top = jnp.finfo(count.dtype).max
     else:
         raise ValueError(f"Cannot increment a counter of dtype {count.dtype}: use an integer dtype.")
-    return jnp.where(count < top, count + 1, count)
+    top = jnp.asarray(top, count.dtype)  # a Python int beyond int32 would not trace
+    return jnp.where(count < top, count + jnp.ones([], count.dtype), count)
 
 
 def safe_int32_increment(count: jax.Array) -> jax.Array:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from ._base import AbstractTransform, owned_transform
 from ._checks import align_gradients, check_state
+from ._extra_args import adapt_functions, check_extra_args
 from ._fields import (
     as_static_tree,
     pretty,
@@ -20,6 +21,7 @@ from ._fields import (
 from ._hyperparameters import hyperparameters, set_hyperparameters
 from ._numerics import safe_increment
 from ._signature import ModelSignature
+from ._trees import is_none
 from ._updates import apply_updates
 from .schedules._base import value_at
 from .sharding._shardings import Layout, derive_layout, update_on_mesh
@@ -105,18 +107,22 @@ class Optimizer(eqx.Module):
     def step(self, model: Any, grads: Any, **extra_args: Any) -> tuple[Any, Optimizer]:
         """Applies one update; returns `(new_model, new_optimizer)`.
 
-        `extra_args` (for instance the loss `value`) reach the transform's `update`.
+        `extra_args` (for instance the loss `value`) reach the transform's `update`. A missing
+        one that a transform needs, or one that no transform reads, is a `TypeError`. Function
+        arguments such as `value_fn` take the model, as the loss does.
         """
         params, rest = eqx.partition(model, self._filter(model))
         grads = align_gradients(model, params, grads)
         check_state(self.tx, self.state, params)
+        declared = check_extra_args(self.tx, extra_args, "Optimizer.step")
+        extra_args = adapt_functions(declared, extra_args, lambda p: eqx.combine(p, rest))
         # A trainable leaf with a `None` gradient: the transform sees zeros, the leaf is kept.
         filled = jax.tree_util.tree_map(
-            lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=_is_none
+            lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=is_none
         )
         updates, state = update_on_mesh(self.tx, filled, self.state, params, extra_args)
         new_params = jax.tree_util.tree_map(
-            lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=_is_none
+            lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=is_none
         )
         if self.layout is not None:
             new_params, state = self.layout.impose(new_params, state)
@@ -154,10 +160,6 @@ class Optimizer(eqx.Module):
         for f in dataclasses.fields(self):
             object.__setattr__(new, f.name, changes.get(f.name, getattr(self, f.name)))
         return new
-
-
-def _is_none(x: Any) -> bool:
-    return x is None
 
 
 def _unaliased(state: Any, params: Any) -> Any:

@@ -7,9 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-
-def _is_none(x: Any) -> bool:
-    return x is None
+from ._trees import is_none, map_updates
 
 
 def apply_updates(params: Any, updates: Any) -> Any:
@@ -21,18 +19,13 @@ def apply_updates(params: Any, updates: Any) -> Any:
         lambda p, u: None if p is None else jnp.asarray(p + u).astype(jnp.asarray(p).dtype),
         params,
         updates,
-        is_leaf=_is_none,
+        is_leaf=is_none,
     )
 
 
 def incremental_update(new_tensors: Any, old_tensors: Any, step_size: Any) -> Any:
     """Polyak averaging: `step_size * new + (1 - step_size) * old`, leaf by leaf."""
-    return jax.tree_util.tree_map(
-        lambda new, old: None if new is None else step_size * new + (1.0 - step_size) * old,
-        new_tensors,
-        old_tensors,
-        is_leaf=_is_none,
-    )
+    return map_updates(lambda new, old: step_size * new + (1.0 - step_size) * old, new_tensors, old_tensors)
 
 
 def periodic_update(new_tensors: Any, old_tensors: Any, steps: Any, update_period: Any) -> Any:

@@ -20,9 +20,9 @@ PARAMS = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
     [
         (lambda: modopt.adam(1e-3, b2=1.0), "Invalid b2: 1.0 (must be in [0, 1))"),
         (lambda: modopt.adam(1e-3, b1=-0.1), "Invalid b1: -0.1 (must be in [0, 1))"),
-        (lambda: modopt.adam(-1e-3), "Invalid learning_rate: -0.001 (must be >= 0)"),
+        (lambda: modopt.adam(-1e-3), "Invalid learning_rate: -0.001 (must be >= 0 and finite)"),
         (lambda: modopt.adamw(1e-3, eps=-1e-8), "Invalid eps: -1e-08 (must be >= 0)"),
-        (lambda: modopt.adamw(1e-3, weight_decay=-0.1), "Invalid weight_decay: -0.1 (must be >= 0)"),
+        (lambda: modopt.adamw(1e-3, weight_decay="0.1"), "Invalid weight_decay: '0.1' of type str (expected a number or a schedule"),
         (lambda: modopt.sgd(0.1, momentum=1.5), "Invalid momentum: 1.5 (must be in [0, 1])"),
         (lambda: modopt.scale_by_adam(b1=1.0), "Invalid b1: 1.0 (must be in [0, 1))"),
         (lambda: modopt.clip_by_global_norm(0.0), "Invalid max_norm: 0.0 (must be > 0)"),
@@ -42,7 +42,7 @@ def test_invalid_hyperparameter_through_set():
     optimizer = modopt.Optimizer(modopt.adam(1e-3), PARAMS)
     with pytest.raises(ValueError, match=re.escape("Invalid b2: 1.0 (must be in [0, 1))")):
         optimizer.set(b2=1.0)
-    with pytest.raises(ValueError, match=re.escape("Invalid learning_rate: -0.1 (must be >= 0)")):
+    with pytest.raises(ValueError, match=re.escape("Invalid learning_rate: -0.1 (must be >= 0 and finite)")):
         optimizer.set(learning_rate=-0.1)
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
 
-from .._base import AbstractTransform, as_transform
+from .._base import AbstractTransform, AbstractWrapper, inner_transform
 from .._fields import as_static_tree, resolve_tree, static
 
 
@@ -26,7 +25,7 @@ def mask_tree(tree: Any, mask: Any) -> Any:
     return jax.tree_util.tree_map(lambda m, t: t if m else MaskedNode(), mask, tree)
 
 
-class Masked(AbstractTransform):
+class Masked(AbstractWrapper):
     """Applies `inner` only where `mask` is `True`; other updates pass through unchanged.
 
     `mask` is a pytree of bools whose structure is a prefix of the params, or a function of
@@ -34,7 +33,7 @@ class Masked(AbstractTransform):
     arguments with the params' structure are masked too.
     """
 
-    inner: AbstractTransform = eqx.field(converter=lambda tx: as_transform(tx, "masked"))
+    inner: AbstractTransform = inner_transform()
     mask: Any = static(converter=as_static_tree)
     mask_compatible_extra_args: bool = static(default=False, kw_only=True)
 
@@ -42,13 +41,11 @@ class Masked(AbstractTransform):
         if self.mask is None:
             raise ValueError("masked needs a mask (a pytree of bools or a function returning one).")
 
-    def init(self, params):
-        mask = resolve_tree(self.mask, params)
-        return MaskedState(inner_state=self.inner.init(mask_tree(params, mask)))
+    def inner_view(self, tree, params):
+        return mask_tree(tree, resolve_tree(self.mask, params))
 
-    def state_specs(self, params, param_specs):
-        mask = resolve_tree(self.mask, params)
-        return MaskedState(inner_state=self.inner.state_specs(mask_tree(params, mask), mask_tree(param_specs, mask)))
+    def init(self, params):
+        return MaskedState(inner_state=self.inner.init(self.inner_view(params, params)))
 
     def update(self, updates, state, params=None, **extra_args):
         mask = resolve_tree(self.mask, updates)

@@ -7,9 +7,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from .._base import AbstractComposite
-from .._fields import NONNEGATIVE, POSITIVE, UNIT, as_static_tree, canonical_dtype, hyperparameter, static
+from .._fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
+from .. import _shared_fields as fields
 from ..combinators import Chain
-from ..schedules._base import scalar_or_schedule
 from ..transforms import (
     AddDecayedWeights,
     ClipByBlockRms,
@@ -33,18 +33,18 @@ class Adafactor(AbstractComposite):
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
 
-    learning_rate: Any = scalar_or_schedule(default=None, check=NONNEGATIVE)
+    learning_rate: Any = fields.learning_rate(None)
     min_dim_size_to_factor: int = static(default=128)
     decay_rate: Any = hyperparameter(default=0.8, check=UNIT)
     decay_offset: Any = hyperparameter(default=0, check=NONNEGATIVE)
     multiply_by_parameter_scale: bool = static(default=True)
     clipping_threshold: Any = hyperparameter(default=1.0, check=POSITIVE)
-    momentum: Any = hyperparameter(default=None, check=UNIT)
-    dtype_momentum: Any = static(default=jnp.float32, converter=canonical_dtype)
-    weight_decay_rate: Any = scalar_or_schedule(default=None, check=NONNEGATIVE)
-    eps: Any = hyperparameter(default=1e-30, check=NONNEGATIVE)
+    momentum: Any = fields.decay_rate(None, check=UNIT)
+    dtype_momentum: Any = fields.dtype(jnp.float32)
+    weight_decay_rate: Any = fields.weight_decay(None)
+    eps: Any = fields.eps(1e-30)
     factored: bool = static(default=True)
-    weight_decay_mask: Any = static(default=None, converter=as_static_tree)
+    weight_decay_mask: Any = fields.mask()
 
     def build(self):
         chain = [ScaleByFactoredRms(self.factored, self.decay_rate, self.decay_offset, self.min_dim_size_to_factor, self.eps)]

@@ -5,16 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._base import AbstractComposite
-from .._fields import (
-    NONNEGATIVE,
-    PROBABILITY_EXCLUSIVE,
-    as_static_tree,
-    canonical_dtype,
-    hyperparameter,
-    static,
-)
+from .._fields import static
+from .. import _shared_fields as fields
 from ..combinators import Chain
-from ..schedules._base import scalar_or_schedule
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 
 
@@ -30,12 +23,12 @@ class Adam(AbstractComposite):
     Reference: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980
     """
 
-    learning_rate: Any = scalar_or_schedule(check=NONNEGATIVE)
-    b1: Any = hyperparameter(default=0.9, check=PROBABILITY_EXCLUSIVE)
-    b2: Any = hyperparameter(default=0.999, check=PROBABILITY_EXCLUSIVE)
-    eps: Any = hyperparameter(default=1e-8, check=NONNEGATIVE)
-    eps_root: Any = hyperparameter(default=0.0, check=NONNEGATIVE)
-    mu_dtype: Any = static(default=None, converter=canonical_dtype)
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    mu_dtype: Any = fields.dtype()
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):
@@ -54,14 +47,14 @@ class AdamW(AbstractComposite):
     Reference: Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
     """
 
-    learning_rate: Any = scalar_or_schedule(check=NONNEGATIVE)
-    b1: Any = hyperparameter(default=0.9, check=PROBABILITY_EXCLUSIVE)
-    b2: Any = hyperparameter(default=0.999, check=PROBABILITY_EXCLUSIVE)
-    eps: Any = hyperparameter(default=1e-8, check=NONNEGATIVE)
-    eps_root: Any = hyperparameter(default=0.0, check=NONNEGATIVE)
-    mu_dtype: Any = static(default=None, converter=canonical_dtype)
-    weight_decay: Any = scalar_or_schedule(default=1e-4, check=NONNEGATIVE)
-    mask: Any = static(default=None, converter=as_static_tree)
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    mu_dtype: Any = fields.dtype()
+    weight_decay: Any = fields.weight_decay(1e-4)
+    mask: Any = fields.mask()
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._base import AbstractComposite
-from .._fields import NONNEGATIVE, UNIT, canonical_dtype, hyperparameter, static
+from .._fields import static
+from .. import _shared_fields as fields
 from ..combinators import Chain
-from ..schedules._base import scalar_or_schedule
 from ..transforms import Identity, ScaleByLearningRate, Trace
 
 
@@ -18,10 +18,10 @@ class Sgd(AbstractComposite):
     Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
     """
 
-    learning_rate: Any = scalar_or_schedule(check=NONNEGATIVE)
-    momentum: Any = hyperparameter(default=None, check=UNIT)
+    learning_rate: Any = fields.learning_rate()
+    momentum: Any = fields.momentum(None)
     nesterov: bool = static(default=False)
-    accumulator_dtype: Any = static(default=None, converter=canonical_dtype)
+    accumulator_dtype: Any = fields.dtype()
 
     def build(self):
         if self.momentum is None:

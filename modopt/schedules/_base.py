@@ -10,15 +10,18 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._fields import Check, as_hyperparameter, hyperparameter, pretty, static, validate_hyperparameters
+from .._fields import Check, as_hyperparameter, hyperparameter, pretty, static, tree_hash, validate_hyperparameters
 
 
 class AbstractSchedule(eqx.Module):
     """A function of the step count whose numeric parameters are array leaves.
 
     Being a module, a schedule can be changed inside `jit` without a retrace and is saved
-    with the optimizer that holds it.
+    with the optimizer that holds it. It hashes by its values, so `jax.jit(schedule)` works.
     """
+
+    __hash__ = tree_hash
+    __eq__ = eqx.Module.__eq__
 
     @abc.abstractmethod
     def __call__(self, count: jax.Array) -> jax.Array:
@@ -55,9 +58,14 @@ def is_schedule(value: Any) -> bool:
     return isinstance(value, AbstractSchedule)
 
 
-def scalar_or_schedule(default: Any = dataclasses.MISSING, *, check: Check | None = None, **kwargs):
-    """A hyperparameter field that also accepts a schedule (or any callable of the count)."""
-    return hyperparameter(default, check=check, converter=_scalar_or_schedule, **kwargs)
+def scalar_or_schedule(
+    default: Any = dataclasses.MISSING, *, check: Check | None = None, kind: str = "number_or_schedule", **kwargs
+):
+    """A hyperparameter field that also accepts a schedule (or any callable of the count).
+
+    With `kind="schedule"` it accepts only a schedule. A callable becomes a `FunctionSchedule`.
+    """
+    return hyperparameter(default, check=check, kind=kind, converter=_scalar_or_schedule, **kwargs)
 
 
 def _scalar_or_schedule(value: Any) -> Any:

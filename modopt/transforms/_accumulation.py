@@ -8,9 +8,11 @@ import jax
 import jax.numpy as jnp
 
 from .._base import AbstractTransform
-from .._fields import UNIT, canonical_dtype, hyperparameter, static
-from .._moments import bias_correction, cast, update_moment, zeros_like
+from .._fields import UNIT, static
+from .._moments import bias_correction, update_moment
 from .._numerics import safe_increment
+from .. import _shared_fields as fields
+from .._trees import cast, map_updates, zeros_like
 
 
 class TraceState(NamedTuple):
@@ -25,22 +27,17 @@ class Trace(AbstractTransform):
     Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
     """
 
-    decay: Any = hyperparameter(check=UNIT)
+    decay: Any = fields.momentum()
     nesterov: bool = static(default=False)
-    accumulator_dtype: Any = static(default=None, converter=canonical_dtype)
+    accumulator_dtype: Any = fields.dtype()
 
     def init(self, params):
         return TraceState(trace=zeros_like(params, self.accumulator_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
         step = lambda g, t: g + self.decay * t  # noqa: E731
-        new_trace = jax.tree_util.tree_map(
-            lambda g, t: None if g is None else step(g, t),
-            updates,
-            state.trace,
-            is_leaf=lambda x: x is None,
-        )
-        updates = jax.tree_util.tree_map(step, updates, new_trace) if self.nesterov else new_trace
+        new_trace = map_updates(step, updates, state.trace)
+        updates = map_updates(step, updates, new_trace) if self.nesterov else new_trace
         return updates, TraceState(trace=cast(new_trace, self.accumulator_dtype))
 
 
@@ -57,9 +54,9 @@ class Ema(AbstractTransform):
     With `debias=True` the output is divided by `1 - decay**t`.
     """
 
-    decay: Any = hyperparameter(check=UNIT)
+    decay: Any = fields.decay_rate(check=UNIT)
     debias: bool = static(default=True)
-    accumulator_dtype: Any = static(default=None, converter=canonical_dtype)
+    accumulator_dtype: Any = fields.dtype()
 
     def init(self, params):
         return EmaState(count=jnp.zeros([], jnp.int32), ema=zeros_like(params, self.accumulator_dtype))

@@ -8,16 +8,11 @@ import jax
 import jax.numpy as jnp
 
 from .._base import AbstractTransform
-from .._fields import NONNEGATIVE, PROBABILITY_EXCLUSIVE, canonical_dtype, hyperparameter, static
-from .._moments import (
-    bias_correction,
-    cast,
-    cast_like,
-    update_moment,
-    update_moment_per_elem_norm,
-    zeros_like,
-)
+from .._fields import static
+from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
 from .._numerics import safe_increment
+from .. import _shared_fields as fields
+from .._trees import cast, cast_like, zeros_like
 
 
 class ScaleByAdamState(NamedTuple):
@@ -39,11 +34,11 @@ class ScaleByAdam(AbstractTransform):
     Reference: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980
     """
 
-    b1: Any = hyperparameter(default=0.9, check=PROBABILITY_EXCLUSIVE)
-    b2: Any = hyperparameter(default=0.999, check=PROBABILITY_EXCLUSIVE)
-    eps: Any = hyperparameter(default=1e-8, check=NONNEGATIVE)
-    eps_root: Any = hyperparameter(default=0.0, check=NONNEGATIVE)
-    mu_dtype: Any = static(default=None, converter=canonical_dtype)
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    mu_dtype: Any = fields.dtype()
     nesterov: bool = static(default=False, kw_only=True)
 
     def init(self, params):

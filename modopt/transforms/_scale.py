@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from .._base import AbstractComposite, AbstractTransform, init_empty_state
 from .._fields import NONNEGATIVE, hyperparameter, static
 from .._numerics import safe_increment, safe_root_mean_squares
+from .. import _shared_fields as fields
 from ..schedules._base import AbstractSchedule, is_schedule, scalar_or_schedule
 from ._stateless import Identity
 
@@ -35,7 +36,7 @@ class ScaleByScheduleState(NamedTuple):
 class ScaleBySchedule(AbstractTransform):
     """Multiplies updates by `step_size_fn(count)`, with `count` the number of past updates."""
 
-    step_size_fn: AbstractSchedule = scalar_or_schedule()
+    step_size_fn: AbstractSchedule = scalar_or_schedule(kind="schedule")
 
     def init(self, params):
         return ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
@@ -62,7 +63,7 @@ class ScaleByLearningRate(AbstractComposite):
     `learning_rate` is a number or a schedule; `None` means no scaling.
     """
 
-    learning_rate: Any = scalar_or_schedule(default=None, check=NONNEGATIVE)
+    learning_rate: Any = fields.learning_rate(None)
     flip_sign: bool = static(default=True, kw_only=True)
 
     def build(self):

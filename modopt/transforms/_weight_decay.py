@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 
 from .._base import AbstractTransform, EmptyState
-from .._fields import NONNEGATIVE, as_static_tree, static
 from .._numerics import safe_increment
+from .. import _shared_fields as fields
+from .._trees import map_updates
 from ..combinators._masked import Masked
-from ..schedules._base import is_schedule, scalar_or_schedule
+from ..schedules._base import is_schedule
 from ._scale import _require_params
 
 
@@ -31,8 +32,8 @@ class AddDecayedWeights(AbstractTransform):
     Reference: Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
     """
 
-    weight_decay: Any = scalar_or_schedule(default=0.0, check=NONNEGATIVE)
-    mask: Any = static(default=None, converter=as_static_tree)
+    weight_decay: Any = fields.weight_decay(0.0)
+    mask: Any = fields.mask()
 
     def _as_masked(self) -> Masked:
         return Masked(AddDecayedWeights(self.weight_decay), self.mask)
@@ -53,12 +54,7 @@ class AddDecayedWeights(AbstractTransform):
             state = WeightDecaySchedule(count=safe_increment(state.count))
         else:
             decay = self.weight_decay
-        updates = jax.tree_util.tree_map(
-            lambda g, p: None if g is None else g + decay * p,
-            updates,
-            params,
-            is_leaf=lambda x: x is None,
-        )
+        updates = map_updates(lambda g, p: g + decay * p, updates, params)
         return updates, state
 
 

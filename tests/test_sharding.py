@@ -49,7 +49,7 @@ def test_adam_state_follows_parameters_and_scalars_are_replicated():
         assert found[f".state[0].nu['{name}']"] == spec
     assert found[".state[0].count"] == P()
     assert found[".count"] == P()
-    assert found[".tx.learning_rate"] == P() and found[".tx.b1"] == P()
+    assert found[".tx.learning_rate"] == P() and found[".tx.b1.value"] == P() and found[".tx.b1.complement"] == P()
 
 
 def test_adafactor_statistics_drop_the_reduced_axis():
@@ -129,7 +129,7 @@ def test_bytes_per_device_plans_a_pod_from_abstract_values():
     assert bytes_per_device(optimizer.state, plain.state) == moments // 16 + 4
     zero = shardings(optimizer, specs, mesh=pod, zero_axis="data")
     assert bytes_per_device(optimizer.state, zero.state) == moments // 256 + 4
-    hyperparameters = 5 * 4  # learning_rate, b1, b2, eps, eps_root
+    hyperparameters = 7 * 4  # learning_rate, b1 and b2 (each with its complement), eps, eps_root
     assert bytes_per_device(optimizer, zero) == moments // 256 + scalars + hyperparameters
 
 

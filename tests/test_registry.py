@@ -1,5 +1,6 @@
-"""Shared checks run over every entry of the registry: parity with optax, jit, no retrace on
-hyperparameter change, dtype preservation, convergence on a quadratic."""
+"""Shared checks run over every entry of the registry: parity with optax (eager and jitted),
+no retrace on hyperparameter change, dtype preservation, convergence on a quadratic, a
+sharding rule that places every state leaf on a (2, 4) mesh, and bit-exact Orbax resume."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import PartitionSpec as P
 
 import modopt
 from registry import ENTRIES, Entry
 
-STEPS = 4
+STEPS = 5
+SHAPES = {"matrix": (3, 5), "vector": (5,), "scalar": (), "cube": (2, 3, 4), "big": (130, 136)}
 
 
-def make_params(dtype=jnp.float32):
+def make_params(dtype=jnp.float32, shapes=SHAPES):
     """Matrix, vector, scalar and 3-d leaves, plus a matrix large enough for Adafactor to factor."""
-    keys = jax.random.split(jax.random.key(0), 5)
-    shapes = {"matrix": (3, 5), "vector": (5,), "scalar": (), "cube": (2, 3, 4), "big": (130, 136)}
+    keys = jax.random.split(jax.random.key(0), len(shapes))
     return {name: jax.random.normal(k, shape, dtype) for k, (name, shape) in zip(keys, shapes.items())}
 
 
@@ -31,65 +34,69 @@ def make_grads(step, params):
     }
 
 
+def quadratic(params):
+    """0.5 * sum_i a_i (x_i - 1)^2 with curvatures a in [0.5, 1.5]."""
+
+    def leaf(x):
+        a = jnp.linspace(0.5, 1.5, x.size).reshape(x.shape)
+        return 0.5 * jnp.sum(a * (x.astype(jnp.float32) - 1.0) ** 2)
+
+    return sum(leaf(x) for x in jax.tree.leaves(params))
+
+
+def comparable(leaf):
+    """A leaf as a NumPy array; a typed PRNG key as its key data."""
+    if jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key):
+        return np.asarray(jax.random.key_data(leaf))
+    return np.asarray(leaf)
+
+
 def paths_and_leaves(tree):
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     return [jax.tree_util.keystr(p) for p, _ in flat], [leaf for _, leaf in flat]
 
 
-def assert_trees_close(ours, theirs, what, rtol=1e-5, atol=1e-6):
+def assert_trees_close(ours, theirs, what, rtol=1e-6, atol=1e-6):
     our_paths, our_leaves = paths_and_leaves(ours)
     their_paths, their_leaves = paths_and_leaves(theirs)
     assert our_paths == their_paths, f"{what}: structure differs\n{our_paths}\n{their_paths}"
     for path, a, b in zip(our_paths, our_leaves, their_leaves):
         assert jnp.shape(a) == jnp.shape(b), f"{what} at {path}: shape {jnp.shape(a)} vs {jnp.shape(b)}"
         assert jnp.result_type(a) == jnp.result_type(b), f"{what} at {path}: dtype {jnp.result_type(a)} vs {jnp.result_type(b)}"
-        # Hyperparameters are float32 arrays where optax keeps Python floats: results may
-        # differ by rounding, i.e. by about one unit in the last place of the leaf's dtype.
-        ulp = float(jnp.finfo(a.dtype).eps) if jnp.issubdtype(jnp.result_type(a), jnp.floating) else 0.0
+        a, b = comparable(a), comparable(b)
+        # Results may differ by rounding, about one unit in the last place of the leaf's dtype.
+        ulp = float(jnp.finfo(a.dtype).eps) if jnp.issubdtype(a.dtype, jnp.floating) else 0.0
         np.testing.assert_allclose(
-            np.asarray(a, np.float64),
-            np.asarray(b, np.float64),
-            rtol=max(rtol, 2 * ulp),
-            atol=max(atol, 2 * ulp),
-            err_msg=f"{what} at {path}",
+            a.astype(np.float64), b.astype(np.float64), rtol=max(rtol, 2 * ulp), atol=max(atol, 2 * ulp), err_msg=f"{what} at {path}"
         )
 
 
 ids = [e.name for e in ENTRIES]
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("entry", ENTRIES, ids=ids)
-def test_parity_with_optax(entry: Entry):
-    """Updates and state equal optax's, step by step (state compared by field path)."""
+def test_parity_with_optax(entry: Entry, jit):
+    """Updates and state equal optax's (eager) for 5 steps, state compared by field path."""
     ours, theirs = entry.make(), entry.oracle()
     params = make_params()
-    state, their_state = ours.init(params), theirs.init(params)
+    init = jax.jit(ours.init) if jit else ours.init
+    update = jax.jit(ours.update) if jit else ours.update
+    state, their_state = init(params), theirs.init(params)
     assert_trees_close(state, their_state, f"{entry} initial state")
     our_params = their_params = params
     for step in range(STEPS):
         grads = make_grads(step, params)
-        updates, state = ours.update(grads, state, our_params)
-        their_updates, their_state = theirs.update(grads, their_state, their_params)
+        updates, state = update(grads, state, our_params, **entry.args(quadratic(our_params), our_params))
+        their_updates, their_state = theirs.update(grads, their_state, their_params, **entry.args(quadratic(their_params), their_params))
         assert_trees_close(updates, their_updates, f"{entry} updates, step {step}", rtol=entry.tolerance, atol=entry.tolerance)
         assert_trees_close(state, their_state, f"{entry} state, step {step}", rtol=entry.tolerance, atol=entry.tolerance)
         our_params = modopt.apply_updates(our_params, updates)
         their_params = optax.apply_updates(their_params, their_updates)
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=ids)
-def test_jit_matches_eager(entry: Entry):
-    tx = entry.make()
-    params = make_params()
-    grads = make_grads(0, params)
-    state = tx.init(params)
-
-    @jax.jit
-    def update(tx, grads, state, params):
-        return tx.update(grads, state, params)
-
-    jitted = update(tx, grads, jax.jit(tx.init)(params), params)
-    eager = tx.update(grads, state, params)
-    assert_trees_close(jitted, eager, f"{entry} jit vs eager")
+def train_step(optimizer, params, grads, entry):
+    return optimizer.step(params, grads, **entry.args(quadratic(params), params))
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=ids)
@@ -102,7 +109,7 @@ def test_no_retrace(entry: Entry):
     @eqx.filter_jit(donate="all-except-first")
     def step(grads, optimizer, params):
         traces.append(None)
-        params, optimizer = optimizer.step(params, grads)
+        params, optimizer = train_step(optimizer, params, grads, entry)
         return optimizer, params
 
     optimizer = modopt.Optimizer(entry.make(), params)
@@ -126,22 +133,13 @@ def test_dtype_preserved(entry: Entry):
     params = make_params(jnp.bfloat16)
     grads = make_grads(0, params)
     ours, theirs = entry.make(), entry.oracle()
-    updates, _ = jax.jit(ours.update)(grads, ours.init(params), params)
-    their_updates, _ = theirs.update(grads, theirs.init(params), params)
+    extra = entry.args(quadratic(params), params)
+    updates, _ = jax.jit(ours.update)(grads, ours.init(params), params, **extra)
+    their_updates, _ = theirs.update(grads, theirs.init(params), params, **extra)
     assert jax.tree.map(jnp.result_type, updates) == jax.tree.map(jnp.result_type, their_updates)
     optimizer = modopt.Optimizer(ours, params)
-    new_params, _ = eqx.filter_jit(optimizer.step)(params, grads)
+    new_params, _ = eqx.filter_jit(train_step)(optimizer, params, grads, entry)
     assert all(p.dtype == jnp.bfloat16 for p in jax.tree.leaves(new_params))
-
-
-def quadratic(params):
-    """0.5 * sum_i a_i (x_i - 1)^2 with curvatures a in [0.5, 1.5]."""
-
-    def leaf(x):
-        a = jnp.linspace(0.5, 1.5, x.size).reshape(x.shape)
-        return 0.5 * jnp.sum(a * (x - 1.0) ** 2)
-
-    return sum(leaf(x) for x in jax.tree.leaves(params))
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if e.converges], ids=[e.name for e in ENTRIES if e.converges])
@@ -156,10 +154,69 @@ def test_converges_on_quadratic(entry: Entry):
     def run(params, optimizer):
         def body(carry, _):
             params, optimizer = carry
-            return optimizer.step(params, jax.grad(quadratic)(params)), None
+            return train_step(optimizer, params, jax.grad(quadratic)(params), entry), None
 
         return jax.lax.scan(body, (params, optimizer), length=entry.steps_to_converge)[0]
 
     start = quadratic(params)
     params, _ = run(params, optimizer)
     assert quadratic(params) < 0.05 * start, f"{entry}: loss {quadratic(params)} from {start}"
+
+
+# The shapes of the sharded tests: the 4-way "model" axis divides every split dimension.
+SHARDED_SHAPES = {"matrix": (6, 8), "vector": (8,), "scalar": (), "cube": (2, 3, 4), "big": (130, 136)}
+SPECS = {"matrix": P(None, "model"), "vector": P("model"), "scalar": P(), "cube": P(None, None, "model"), "big": P(None, "model")}
+MESH = AbstractMesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=ids)
+def test_state_placed_on_a_mesh(entry: Entry):
+    """Every state leaf gets a sharding on a (data, model) = (2, 4) mesh, with and without
+    ZeRO-1: each spec has the leaf's rank and splits only dimensions its mesh axes divide
+    (`shardings` checks both and names the path otherwise), and a leaf shaped like a
+    parameter is split like it unless the transform's own rule says otherwise."""
+    params = make_params(shapes=SHARDED_SHAPES)
+    optimizer = eqx.filter_eval_shape(modopt.Optimizer, entry.make(), params)
+    for zero_axis in (None, "data"):
+        placed = modopt.sharding.shardings(optimizer, SPECS, mesh=MESH, zero_axis=zero_axis)
+        leaves = jax.tree_util.tree_leaves(optimizer.state)
+        shardings = jax.tree_util.tree_structure(optimizer.state).flatten_up_to(placed.state)
+        assert len(shardings) == len(leaves)
+        for leaf, sharding in zip(leaves, shardings):
+            assert sharding.mesh is MESH
+            sharding.shard_shape(leaf.shape)  # raises unless every split dimension divides
+    if not entry.own_rule:
+        placed = modopt.sharding.shardings(optimizer, SPECS, mesh=MESH)
+        for path, sharding in jax.tree_util.tree_flatten_with_path(placed.state)[0]:
+            leaf_name = next((name for name in SPECS if f"['{name}']" in jax.tree_util.keystr(path)), None)
+            leaf = next(x for p, x in jax.tree_util.tree_flatten_with_path(optimizer.state)[0] if p == path)
+            if leaf_name is not None and leaf.shape == SHARDED_SHAPES[leaf_name]:
+                assert sharding.spec == SPECS[leaf_name], f"{entry}: state{jax.tree_util.keystr(path)} is {sharding.spec}"
+
+
+def test_every_entry_resumes_bit_exactly_from_orbax(tmp_path):
+    """One checkpoint holds every entry's optimizer after 2 steps; restored into fresh
+    optimizers, 2 more steps equal 4 uninterrupted steps bit for bit."""
+    from modopt.integrations.orbax import CheckpointManager
+
+    step = eqx.filter_jit(lambda optimizer, params, grads, entry: train_step(optimizer, params, grads, entry))
+    straight, halfway, params_at = {}, {}, {}
+    for entry in ENTRIES:
+        params, optimizer = make_params(), modopt.Optimizer(entry.make(), make_params())
+        for i in range(4):
+            params, optimizer = step(optimizer, params, make_grads(i, params), entry)
+            if i == 1:
+                halfway[entry.name], params_at[entry.name] = optimizer, params
+        straight[entry.name] = (params, optimizer)
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(2, optimizers=halfway, params=params_at)
+        fresh = {e.name: modopt.Optimizer(e.make(), make_params()) for e in ENTRIES}
+        zeros = {e.name: jax.tree.map(jnp.zeros_like, make_params()) for e in ENTRIES}
+        restored = manager.restore(2, optimizers=fresh, params=zeros)
+    for entry in ENTRIES:
+        params, optimizer = restored["params"][entry.name], restored["optimizers"][entry.name]
+        for i in range(2, 4):
+            params, optimizer = step(optimizer, params, make_grads(i, params), entry)
+        expected = straight[entry.name]
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path((params, optimizer))[0], jax.tree.leaves(expected)):
+            assert np.array_equal(comparable(a), comparable(b)), f"{entry}: {jax.tree_util.keystr(path)} differs after resume"

@@ -1,49 +1,14 @@
-"""One registry of every transform and optimizer, with what each supports.
-
-The shared checks in `test_registry.py` run over every entry; adding a transform means adding
-one `Entry` here. Nothing is skipped by name: an entry's fields say what applies to it.
-"""
+"""The registry entries of the transforms and optimizers that came first: scaling, Adam,
+accumulation, weight decay, clipping, combinators, SGD, Adam(W), Adafactor."""
 
 from __future__ import annotations
-
-import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 import jax.numpy as jnp
 import optax
 
 import modopt
 
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """How to build a transform, its oracle, and what it supports.
-
-    make: builds the modopt transform from hyperparameter overrides (`make(**change)`).
-    oracle: builds the reference optax transform with the same configuration.
-    change: a hyperparameter name and new value that must not retrace (None: it has none).
-    descent: True if the transform is a complete optimizer (it descends by itself); else the
-        convergence check appends `scale(-descent_lr)`.
-    converges: whether it reaches the minimum of a quadratic (False for e.g. set_to_zero).
-    tolerance: parity tolerance (relative and absolute). modopt's hyperparameters are float32 arrays where optax keeps
-        Python floats, so `1 - b1` can differ in its last float32 bit; stored in bfloat16,
-        that rarely flips one bfloat16 bit of a moment (~0.8%).
-    """
-
-    name: str
-    make: Callable[..., Any]
-    oracle: Callable[[], Any]
-    change: tuple[str, Any] | None = None
-    descent: bool = False
-    descent_lr: float = 0.1
-    converges: bool = True
-    steps_to_converge: int = 300
-    tolerance: float = 1e-5
-
-    def __str__(self):
-        return self.name
-
+from ._entry import LABELS, MASK, Entry
 
 def _schedule():
     return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
@@ -52,9 +17,6 @@ def _schedule():
 def _optax_schedule():
     return optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
 
-
-MASK = {"matrix": True, "vector": False, "scalar": False, "cube": True, "big": True}
-LABELS = {"matrix": "a", "vector": "b", "scalar": "b", "cube": "a", "big": "c"}
 
 ENTRIES = [
     # --- stateless and scaling -----------------------------------------------------------
@@ -116,6 +78,7 @@ ENTRIES = [
         lambda: optax.scale_by_factored_rms(),
         ("decay_rate", 0.7),
         descent_lr=0.02,
+        own_rule=True,
     ),
     Entry(
         "scale_by_param_block_rms",
@@ -181,6 +144,7 @@ ENTRIES = [
         lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.scale_by_adam(), optax.scale(-0.05)),
         ("max_norm", 2.0),
         descent=True,
+        own_rule=True,
     ),
     Entry(
         "named_chain",
@@ -195,6 +159,7 @@ ENTRIES = [
         lambda: optax.masked(optax.scale_by_adam(), MASK),
         ("b1", 0.8),
         descent_lr=0.05,
+        own_rule=True,
     ),
     Entry(
         "partition",
@@ -206,6 +171,7 @@ ENTRIES = [
         ),
         ("b1", 0.8),
         descent_lr=0.02,
+        own_rule=True,
     ),
     Entry(
         "multi_transform_label_fn",
@@ -265,6 +231,7 @@ ENTRIES = [
         lambda: optax.adamw(0.05, weight_decay=1e-2, mask=MASK),
         ("learning_rate", 0.01),
         descent=True,
+        own_rule=True,
     ),
     Entry(
         "adafactor",
@@ -273,6 +240,7 @@ ENTRIES = [
         ("learning_rate", 0.01),
         descent=True,
         steps_to_converge=500,
+        own_rule=True,
     ),
     Entry(
         "adafactor_full",
@@ -284,6 +252,7 @@ ENTRIES = [
         ),
         ("momentum", 0.8),
         descent=True,
+        own_rule=True,
     ),
 ]
 
@@ -304,7 +273,3 @@ def _mask_fn(params):
 
 def _label_fn(params):
     return {k: "a" if k in ("matrix", "cube", "big") else "b" for k in params}
-
-
-BY_NAME = {e.name: e for e in ENTRIES}
-assert len(BY_NAME) == len(ENTRIES), "registry names must be unique"

@@ -1,0 +1,18 @@
+"""One registry of every transform and optimizer, with what each supports.
+
+The shared checks in `test_registry.py` (and the sharded ones in `test_sharded.py`) run over
+every entry; adding a transform means adding one `Entry` to its family's module here. Nothing
+is skipped by name: an entry's fields say what applies to it.
+"""
+
+from __future__ import annotations
+
+from . import adaptive, core, layerwise, special
+from ._entry import LABELS as LABELS
+from ._entry import MASK as MASK
+from ._entry import Entry as Entry
+
+ENTRIES: list[Entry] = [*core.ENTRIES, *adaptive.ENTRIES, *layerwise.ENTRIES, *special.ENTRIES]
+
+BY_NAME = {e.name: e for e in ENTRIES}
+assert len(BY_NAME) == len(ENTRIES), "registry names must be unique"

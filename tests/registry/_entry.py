@@ -1,0 +1,50 @@
+"""`Entry`: how to build one transform, its oracle, and what it supports."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+# The registry's parameters are a dict with these leaves (see `test_registry.make_params`);
+# masks and labels of the entries refer to them.
+MASK = {"matrix": True, "vector": False, "scalar": False, "cube": True, "big": True}
+LABELS = {"matrix": "a", "vector": "b", "scalar": "b", "cube": "a", "big": "c"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """How to build a transform, its oracle, and what it supports.
+
+    make: builds the modopt transform from hyperparameter overrides (`make(**change)`).
+    oracle: builds the reference optax transform with the same configuration.
+    change: a hyperparameter name and new value that must not retrace (None: it has none).
+    descent: True if the transform is a complete optimizer (it descends by itself); else the
+        convergence check appends `scale(-descent_lr)`.
+    converges: whether it reaches the minimum of a quadratic (False for e.g. set_to_zero).
+    tolerance: parity tolerance (relative and absolute), 1e-6 as in optax's own tests. An
+        entry that needs more says why next to its value.
+    extra_args: `extra_args(loss, params) -> dict` of the extra arguments `update` needs at a
+        step, given the loss and params there (e.g. `{"value": loss}`); None: none.
+    own_rule: the transform declares its own sharding rule (reduced or factored state, or a
+        combinator delegating to its parts): it also runs on 8 real (simulated) devices.
+    """
+
+    name: str
+    make: Callable[..., Any]
+    oracle: Callable[[], Any]
+    change: tuple[str, Any] | None = None
+    descent: bool = False
+    descent_lr: float = 0.1
+    converges: bool = True
+    steps_to_converge: int = 300
+    tolerance: float = 1e-6
+    extra_args: Callable[[Any, Any], dict] | None = None
+    own_rule: bool = False
+
+    def __str__(self):
+        return self.name
+
+    def args(self, loss: Any, params: Any) -> dict:
+        """The extra arguments of `update` at a step."""
+        return {} if self.extra_args is None else self.extra_args(loss, params)

@@ -8,3 +8,9 @@ from ._adam import adam as adam
 from ._adam import adamw as adamw
 from ._sgd import Sgd as Sgd
 from ._sgd import sgd as sgd
+
+# Adaptive family.
+
+# Layer-wise, normalizing, clipping and constraining family.
+
+# Special family (SM3, Rprop, Polyak, optimistic gradients, noise).

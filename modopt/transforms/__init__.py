@@ -38,3 +38,9 @@ from ._stateless import stateless_with_tree_map as stateless_with_tree_map
 from ._weight_decay import AddDecayedWeights as AddDecayedWeights
 from ._weight_decay import WeightDecaySchedule as WeightDecaySchedule
 from ._weight_decay import add_decayed_weights as add_decayed_weights
+
+# Adaptive family.
+
+# Layer-wise, normalizing, clipping and constraining family.
+
+# Special family (SM3, Rprop, Polyak, optimistic gradients, noise).

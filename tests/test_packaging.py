@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,8 +23,11 @@ def source_packages() -> set[str]:
 
 
 def test_wheel_contains_and_imports_every_subpackage(tmp_path):
+    # Built from a clean copy: setuptools reuses a `build/` folder, which may hold stale packages.
+    ignore = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "checkpoints")
+    shutil.copytree(ROOT, tmp_path / "src", ignore=ignore)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path / "dist"), ROOT],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path / "dist"), str(tmp_path / "src")],
         capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr[-3000:]

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from registry import ENTRIES
+from registry import BY_NAME
 
 import modopt
 
@@ -72,27 +72,53 @@ def assert_placed(tree, shardings, what):
         )
 
 
-def reference_run(tx, steps=STEPS):
+def loss(params):
+    return sum(jnp.sum(x**2) for x in jax.tree.leaves(params))
+
+
+def stepper(entry=None):
+    """`step(params, optimizer, grads)`, passing the extra arguments the entry needs."""
+
+    def step(params, optimizer, grads):
+        extra = entry.args(loss(params), params) if entry is not None else {}
+        return optimizer.step(params, grads, **extra)
+
+    return step
+
+
+def reference_run(tx, steps=STEPS, entry=None):
     """The same steps on one device."""
-    step = eqx.filter_jit(lambda p, o, g: o.step(p, g))
+    step = eqx.filter_jit(stepper(entry))
     params, optimizer = make_params(), modopt.Optimizer(tx, make_params())
     for i in range(steps):
         params, optimizer = step(params, optimizer, make_grads(i))
     return params, optimizer
 
 
-def registry(name: str, kind: str = "auto") -> None:
+def registry(*names: str) -> None:
+    """Registry entries on Auto mesh axes; see `registry_entry`."""
+    for name in names:
+        registry_entry(name, "auto")
+
+
+def registry_explicit(*names: str) -> None:
+    """Registry entries on Explicit mesh axes; see `registry_entry`."""
+    for name in names:
+        registry_entry(name, "explicit")
+
+
+def registry_entry(name: str, kind: str) -> None:
     """One registry entry, on the 2x4 mesh with parameters split over "model", then with ZeRO-1.
 
     The derived shardings serve as `out_shardings` of a jitted init and a jitted, donated
     step; the arrays land as derived, and the steps equal the single-device steps.
     """
-    entry = next(e for e in ENTRIES if e.name == name)
+    entry = BY_NAME[name]
     tx = entry.make()
     mesh = make_mesh(kind)
     param_shardings = named(mesh, SPECS)
     abstract = eqx.filter_eval_shape(modopt.Optimizer, tx, make_params())
-    reference_params, reference = reference_run(tx)
+    reference_params, reference = reference_run(tx, entry=entry)
     tolerance = max(entry.tolerance, 1e-5)
     plain = modopt.sharding.shardings(abstract, param_shardings)
     zero = modopt.sharding.shardings(abstract, param_shardings, zero_axis="data")
@@ -100,9 +126,7 @@ def registry(name: str, kind: str = "auto") -> None:
     for opt_shardings in (plain, zero):
         params = jax.device_put(make_params(), param_shardings)
         optimizer = jax.jit(lambda p: modopt.Optimizer(tx, p), out_shardings=opt_shardings)(params)
-        step = jax.jit(
-            lambda p, o, g: o.step(p, g), out_shardings=(param_shardings, opt_shardings), donate_argnums=(0, 1)
-        )
+        step = jax.jit(stepper(entry), out_shardings=(param_shardings, opt_shardings), donate_argnums=(0, 1))
         for i in range(STEPS):
             params, optimizer = step(params, optimizer, jax.device_put(make_grads(i), param_shardings))
             jax.block_until_ready((params, optimizer))
@@ -363,7 +387,7 @@ def readme() -> None:
     print("ok readme")
 
 
-CASES = {"registry": registry, "mlp": mlp, "created": created, "checkpoint": checkpoint, "flax": flax_train_state, "nnx": nnx_optimizer, "readme": readme}
+CASES = {"registry": registry, "registry_explicit": registry_explicit, "mlp": mlp, "created": created, "checkpoint": checkpoint, "flax": flax_train_state, "nnx": nnx_optimizer, "readme": readme}
 
 if __name__ == "__main__":
     CASES[sys.argv[1]](*sys.argv[2:])

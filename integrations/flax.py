@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import modopt
 from modopt._base import owned_transform
+from modopt._extra_args import adapt_functions, check_extra_args
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
@@ -40,6 +41,8 @@ class TrainState(struct.PyTreeNode):
 
     Keyword arguments of `apply_gradients` that name a field of the state replace it (as in
     Flax); the others reach `tx.update` as extra arguments (for instance the loss `value`).
+    A function argument such as `value_fn` takes the params, as `apply_fn` does. An extra
+    argument that a transform needs but is missing, or that none reads, is a `TypeError`.
     """
 
     step: Any
@@ -57,6 +60,7 @@ class TrainState(struct.PyTreeNode):
         fields = {f.name for f in dataclasses.fields(self)}
         replace = {name: value for name, value in kwargs.items() if name in fields}
         extra_args = {name: value for name, value in kwargs.items() if name not in fields}
+        check_extra_args(self.tx, extra_args, "TrainState.apply_gradients")
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params, **extra_args)
         params = modopt.apply_updates(self.params, updates)
         return self.replace(step=self.step + 1, params=params, opt_state=opt_state, **replace)
@@ -125,11 +129,20 @@ class NnxOptimizer(nnx.Pytree):
             variable.set_value(leaf)
 
     def update(self, model: nnx.Module, grads: Any, /, **extra_args: Any) -> Any:
-        """Applies the update for `grads` (from `nnx.grad` with the same `wrt`) to `model`."""
-        params = nnx.as_pure(nnx.state(model, self.wrt))
+        """Applies the update for `grads` (from `nnx.grad` with the same `wrt`) to `model`.
+
+        `extra_args` reach the transform (e.g. the loss `value`); a function argument such as
+        `value_fn` takes the model, as the loss does.
+        """
+        tx = self.tx
+        declared = check_extra_args(tx, extra_args, "NnxOptimizer.update")
+        graphdef, params, rest = nnx.split(model, self.wrt, ...)
+        to_model = lambda p: nnx.merge(graphdef, p, rest)  # noqa: E731
+        extra_args = adapt_functions(declared, nnx.as_pure(extra_args), to_model)
+        params = nnx.as_pure(params)
         grads = nnx.as_pure(nnx.state(grads, self.wrt))
         opt_state = nnx.as_pure(self.opt_state)
-        updates, new_state = self.tx.update(grads, opt_state, params, **nnx.as_pure(extra_args))
+        updates, new_state = tx.update(grads, opt_state, params, **extra_args)
         nnx.update(model, modopt.apply_updates(params, updates))
         jax.tree_util.tree_map(lambda variable, value: variable.set_value(value), self.opt_state, new_state,
                                is_leaf=lambda x: isinstance(x, nnx.Variable))

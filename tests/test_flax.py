@@ -12,12 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 from flax.training import train_state as flax_train_state
 from modopt.integrations.flax import NnxOptimizer, TrainState
 from modopt.integrations.orbax import CheckpointManager
 
 import modopt
+from modopt import ExtraArg
 
 X = jax.random.normal(jax.random.key(0), (16, 8))
 Y = jnp.sin(X[:, :4])
@@ -91,6 +93,8 @@ class ScaleByValueState(NamedTuple):
 
 class ScaleByValue(modopt.AbstractTransform):
     """Multiplies updates by the extra argument `value` (the loss), remembering it."""
+
+    extra_args_spec = (ExtraArg("value", "the loss"),)
 
     def init(self, params):
         return ScaleByValueState(last_value=jnp.zeros([]))
@@ -173,3 +177,40 @@ def test_readme_flax_example_runs(capsys):
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     exec(compile(code, "README.md", "exec"), {})
     assert "1e-04" in capsys.readouterr().out
+
+
+class ScaleByValueFn(modopt.AbstractTransform):
+    """Descends along the gradient scaled by `value_fn(params)`."""
+
+    extra_args_spec = (ExtraArg("value_fn", "the loss as a function of the parameters", of_params=True),)
+
+    def init(self, params):
+        return modopt.EmptyState()
+
+    def update(self, updates, state, params=None, **extra_args):
+        factor = modopt.extra_arg(extra_args, "value_fn", self)(params)
+        return jax.tree.map(lambda g: -factor * g, updates), state
+
+
+def test_value_fn_takes_the_params_in_linen_and_the_model_in_nnx():
+    params = {"w": jnp.arange(3.0)}
+    loss = lambda p: jnp.sum(p["w"] ** 2)  # noqa: E731
+    state = TrainState.create(apply_fn=None, params=params, tx=ScaleByValueFn())
+    state = jax.jit(lambda s: s.apply_gradients(grads=jax.grad(loss)(s.params), value_fn=loss))(state)
+    np.testing.assert_allclose(state.params["w"], params["w"] - loss(params) * 2 * params["w"])
+    with pytest.raises(TypeError, match="TrainState.apply_gradients needs the extra argument `value_fn`"):
+        state.apply_gradients(grads=params)
+    with pytest.raises(TypeError, match="got the extra argument `valeu`"):
+        state.apply_gradients(grads=params, value_fn=loss, valeu=1.0)
+
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    x = jnp.ones((4, 3))
+    model_loss = lambda m: jnp.mean(m(x) ** 2)  # noqa: E731
+    before = jax.tree.map(jnp.copy, nnx.as_pure(nnx.state(model, nnx.Param)))
+    expected_factor = model_loss(model)
+    grads = nnx.grad(model_loss)(model)
+    optimizer = NnxOptimizer(model, ScaleByValueFn(), wrt=nnx.Param)
+    optimizer.update(model, grads, value_fn=model_loss)
+    after = nnx.as_pure(nnx.state(model, nnx.Param))
+    for a, b, g in zip(jax.tree.leaves(after), jax.tree.leaves(before), jax.tree.leaves(nnx.as_pure(nnx.state(grads, nnx.Param)))):
+        np.testing.assert_allclose(a, b - expected_factor * g, rtol=1e-6)

@@ -206,3 +206,34 @@ def test_set_schedule_on_number_is_a_clear_error():
     optimizer = modopt.Optimizer(modopt.adam(1e-3), {"w": jnp.ones(3)})
     with pytest.raises(ValueError, match="learning_rate was given as a number when the optimizer was made"):
         optimizer.set(learning_rate=modopt.cosine_decay_schedule(1e-2, 100))
+
+
+class ScaleByValueFn(modopt.AbstractTransform):
+    """Test transform: scales updates by `value_fn(params)`, a function of the parameters."""
+
+    extra_args_spec = (modopt.ExtraArg("value_fn", "the loss as a function of the parameters", of_params=True),)
+
+    def init(self, params):
+        return modopt.EmptyState()
+
+    def update(self, updates, state, params=None, **extra_args):
+        factor = modopt.extra_arg(extra_args, "value_fn", self)(params)
+        return jax.tree.map(lambda g: -factor * g, updates), state
+
+
+def test_value_fn_takes_the_model_and_extra_arguments_are_checked():
+    """`value_fn` is written for the model (with its untrained leaves); the transform calls it
+    with the trained parameters. A missing or unknown extra argument is a clear error."""
+    model = Net(jax.random.key(0))
+    grads = eqx.filter_grad(loss)(model)
+    optimizer = modopt.Optimizer(ScaleByValueFn(), model)
+    new_model, _ = eqx.filter_jit(lambda m, o, g: o.step(m, g, value_fn=loss))(model, optimizer, grads)
+    expected = jax.tree.map(lambda p, g: p - loss(model) * g, eqx.filter(model, eqx.is_inexact_array), eqx.filter(grads, eqx.is_inexact_array))
+    assert_close(eqx.filter(new_model, eqx.is_inexact_array), expected)
+    np.testing.assert_array_equal(new_model.counter, model.counter)
+    with pytest.raises(TypeError, match="Optimizer.step needs the extra argument `value_fn` .* for ScaleByValueFn"):
+        optimizer.step(model, grads)
+    with pytest.raises(TypeError, match="got the extra argument `valu_fn`, which no transform of ScaleByValueFn reads"):
+        optimizer.step(model, grads, value_fn=loss, valu_fn=loss)
+    with pytest.raises(TypeError, match="ScaleByValueFn.update needs the extra argument `value_fn`"):
+        ScaleByValueFn().update(grads, modopt.EmptyState(), model)

@@ -144,5 +144,7 @@ def extra_arg(extra_args: Mapping[str, Any], name: str, owner: Any) -> Any:
     what = f" ({spec.description})" if spec else ""
     raise TypeError(
         f"{type(owner).__name__}.update needs the extra argument `{name}`{what}: call "
-        f"`update(updates, state, params, {name}=...)` or `optimizer.step(model, grads, {name}=...)`."
+        f"`update(updates, state, params, {name}=...)` or `optimizer.step(model, grads, {name}=...)`. "
+        "Inside `optax.chain`, which passes extra arguments only to `optax.GradientTransformationExtraArgs`, "
+        "wrap the modopt transform as `optax.GradientTransformationExtraArgs(*tx)`."
     )

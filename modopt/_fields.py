@@ -91,13 +91,33 @@ class Rate(eqx.Module):
             return approximate + jax.lax.stop_gradient(jnp.asarray(self.complement) - approximate)
         return other - jnp.asarray(self.value)
 
+    # Everything else is arithmetic on the value.
+    def __sub__(self, other):
+        return jnp.asarray(self.value) - other
+
+    def __add__(self, other):
+        return jnp.asarray(self.value) + other
+
+    def __radd__(self, other):
+        return other + jnp.asarray(self.value)
+
     def __mul__(self, other):
         return jnp.asarray(self.value) * other
 
-    __rmul__ = __mul__
+    def __rmul__(self, other):
+        return other * jnp.asarray(self.value)
+
+    def __truediv__(self, other):
+        return jnp.asarray(self.value) / other
+
+    def __rtruediv__(self, other):
+        return other / jnp.asarray(self.value)
 
     def __pow__(self, other):
         return jnp.asarray(self.value) ** other
+
+    def __rpow__(self, other):
+        return other ** jnp.asarray(self.value)
 
     def __neg__(self):
         return -jnp.asarray(self.value)
@@ -363,6 +383,8 @@ def pretty(module: eqx.Module) -> str:
     """The module's repr with concrete scalar hyperparameters shown as numbers."""
 
     def number(leaf):
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return leaf
         if isinstance(leaf, (jax.Array, Rate)) and is_concrete(leaf) and np.ndim(leaf) == 0:
             return _Number(np.asarray(leaf)[()])
         return leaf

@@ -51,13 +51,20 @@ def make_grads(step):
     return {name: jax.random.normal(k, shape) for k, (name, shape) in zip(keys, SHAPES.items())}
 
 
+def numbers(leaf):
+    """A leaf as float64 NumPy; a typed PRNG key as its key data."""
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+    return np.asarray(leaf, np.float64)
+
+
 def assert_close(ours, reference, what, tolerance):
     flat_ours = jax.tree_util.tree_flatten_with_path(ours)[0]
     flat_ref = jax.tree_util.tree_leaves(reference)
     assert len(flat_ours) == len(flat_ref), f"{what}: {len(flat_ours)} leaves, expected {len(flat_ref)}"
     for (path, a), b in zip(flat_ours, flat_ref):
         np.testing.assert_allclose(
-            np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tolerance, atol=tolerance,
+            numbers(a), numbers(b), rtol=tolerance, atol=tolerance,
             err_msg=f"{what} at {jax.tree_util.keystr(path)}",
         )
 

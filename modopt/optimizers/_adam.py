@@ -67,3 +67,47 @@ class AdamW(AbstractComposite):
 
 adam = Adam
 adamw = AdamW
+
+
+def nadam(
+    learning_rate: Any,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+) -> Adam:
+    r"""NAdam: Adam with Nesterov momentum, i.e. `Adam(..., nesterov=True)`.
+
+    `params -= learning_rate * m_hat / (sqrt(v_hat + eps_root) + eps)` with Nesterov's
+    look-ahead first moment `m_hat = b1 m / (1 - b1^(t+1)) + (1 - b1) g / (1 - b1^t)` and
+    `v_hat = v / (1 - b2^t)`. It returns an `Adam`, so its hyperparameters are read and set
+    like Adam's.
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.nadam(1e-3), model)
+
+    Reference: Dozat, 2016, https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ
+    """
+    return Adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=True)
+
+
+def nadamw(
+    learning_rate: Any,
+    b1: Any = 0.9,
+    b2: Any = 0.999,
+    eps: Any = 1e-8,
+    eps_root: Any = 0.0,
+    mu_dtype: Any = None,
+    weight_decay: Any = 1e-4,
+    mask: Any = None,
+) -> AdamW:
+    r"""NAdamW: AdamW with Nesterov momentum, i.e. `AdamW(..., nesterov=True)`.
+
+    `params -= learning_rate * (m_hat / (sqrt(v_hat + eps_root) + eps) + weight_decay * params)`
+    with NAdam's look-ahead `m_hat` (see `nadam`). It returns an `AdamW`.
+
+    References: Dozat, 2016, https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ;
+    Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
+    """
+    return AdamW(learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask, nesterov=True)

@@ -1,4 +1,5 @@
-"""Adam's rescaling of updates by bias-corrected first and second moments."""
+"""Adam's rescaling of updates by bias-corrected moment estimates, and its direct variants
+(Adamax, AMSGrad). The helpers here are shared with the other Adam-like transforms."""
 
 from __future__ import annotations
 
@@ -9,10 +10,32 @@ import jax.numpy as jnp
 
 from .._base import AbstractTransform
 from .._fields import static
-from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._moments import bias_correction, update_infinity_moment, update_moment, update_moment_per_elem_norm
 from .._numerics import safe_increment
 from .. import _shared_fields as fields
-from .._trees import cast, cast_like, zeros_like
+from .._trees import cast, cast_like, is_none, zeros_like
+
+
+def debiased_mu(mu: Any, updates: Any, b1: Any, count: Any, nesterov: bool) -> Any:
+    """The bias-corrected first moment `mu / (1 - b1^t)` at step `count` (from 1).
+
+    With `nesterov=True`, Nesterov's look-ahead instead (Dozat, 2016):
+    `b1 mu / (1 - b1^(t+1)) + (1 - b1) g / (1 - b1^t)`.
+    """
+    if not nesterov:
+        return bias_correction(mu, b1, count)
+    return jax.tree_util.tree_map(
+        lambda m, g: b1 * m + (1 - b1) * g,
+        bias_correction(mu, b1, safe_increment(count)),
+        bias_correction(updates, b1, count),
+    )
+
+
+def moment_ratio(mu_hat: Any, nu_hat: Any, eps: Any, eps_root: Any = 0.0) -> Any:
+    """Adam's step direction, `mu_hat / (sqrt(nu_hat + eps_root) + eps)`, leaf by leaf."""
+    return jax.tree_util.tree_map(
+        lambda m, v: None if m is None else m / (jnp.sqrt(v + eps_root) + eps), mu_hat, nu_hat, is_leaf=is_none
+    )
 
 
 class ScaleByAdamState(NamedTuple):
@@ -49,23 +72,87 @@ class ScaleByAdam(AbstractTransform):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        b1, b2 = self.b1, self.b2
-        mu = update_moment(updates, state.mu, b1, 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        mu = update_moment(updates, state.mu, self.b1, 1)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
         count = safe_increment(state.count)
-        if self.nesterov:
-            mu_hat = jax.tree_util.tree_map(
-                lambda m, g: b1 * m + (1 - b1) * g,
-                bias_correction(mu, b1, safe_increment(count)),
-                bias_correction(updates, b1, count),
-            )
-        else:
-            mu_hat = bias_correction(mu, b1, count)
-        nu_hat = bias_correction(nu, b2, count)
-        updates = jax.tree_util.tree_map(
-            lambda m, v: m / (jnp.sqrt(v + self.eps_root) + self.eps), mu_hat, nu_hat
-        )
+        mu_hat = debiased_mu(mu, updates, self.b1, count, self.nesterov)
+        nu_hat = bias_correction(nu, self.b2, count)
+        updates = moment_ratio(mu_hat, nu_hat, self.eps, self.eps_root)
         return updates, ScaleByAdamState(count, cast(mu, self.mu_dtype), cast_like(nu, state.nu))
 
 
+class ScaleByAdamax(AbstractTransform):
+    r"""Rescales updates by Adamax's infinity-norm estimate (Adam with `p = infinity`).
+
+    With `t` the step (from 1): `m = b1 m + (1 - b1) g`, `u = max(|g| + eps, b2 u)` and
+    `update = m / ((1 - b1^t) u)`. The running maximum `u` needs no bias correction. The
+    state is Adam's, with `nu` holding `u`.
+
+    Reference: Kingma & Ba, 2014 (Section 7.1), https://arxiv.org/abs/1412.6980
+    """
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+
+    def init(self, params):
+        return ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params), nu=zeros_like(params))
+
+    def update(self, updates, state, params=None, **extra_args):
+        count = safe_increment(state.count)
+        mu = update_moment(updates, state.mu, self.b1, 1)
+        nu = update_infinity_moment(updates, state.nu, self.b2, self.eps)
+        updates = jax.tree_util.tree_map(lambda m, v: m / v, bias_correction(mu, self.b1, count), nu)
+        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+
+class ScaleByAmsgradState(NamedTuple):
+    """AMSGrad's step count, moment estimates and running maximum of the second moment."""
+
+    count: jax.Array  # int32 scalar
+    mu: Any  # first moment, like the params (in `mu_dtype` if set)
+    nu: Any  # second moment, like the params
+    nu_max: Any  # running maximum of the (bias-corrected, by default) second moment
+
+
+class ScaleByAmsgrad(AbstractTransform):
+    r"""Rescales updates like Adam, dividing by the largest second moment seen so far.
+
+    With `t` the step (from 1): `m`, `v` as in Adam, `v_max = max(v_max, v_hat)` and
+    `update = m_hat / (sqrt(v_max + eps_root) + eps)`. The step size per coordinate never
+    grows, which repairs Adam's convergence. `bias_correction_mu=False` and
+    `bias_correction_nu=False` use `m` and `v` uncorrected, as in the paper.
+
+    Reference: Reddi et al., 2018, https://openreview.net/forum?id=ryQu7f-RZ
+    """
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    mu_dtype: Any = fields.dtype()
+    bias_correction_mu: bool = static(default=True)
+    bias_correction_nu: bool = static(default=True)
+
+    def init(self, params):
+        return ScaleByAmsgradState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like(params, self.mu_dtype),
+            nu=zeros_like(params),
+            nu_max=zeros_like(params),
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        mu = update_moment(updates, state.mu, self.b1, 1)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
+        count = safe_increment(state.count)
+        mu_hat = bias_correction(mu, self.b1, count) if self.bias_correction_mu else mu
+        nu_hat = bias_correction(nu, self.b2, count) if self.bias_correction_nu else nu
+        nu_max = jax.tree_util.tree_map(jnp.maximum, state.nu_max, nu_hat)
+        updates = moment_ratio(mu_hat, nu_max, self.eps, self.eps_root)
+        return updates, ScaleByAmsgradState(count=count, mu=cast(mu, self.mu_dtype), nu=nu, nu_max=nu_max)
+
+
 scale_by_adam = ScaleByAdam
+scale_by_adamax = ScaleByAdamax
+scale_by_amsgrad = ScaleByAmsgrad

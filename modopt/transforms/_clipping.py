@@ -1,4 +1,5 @@
-"""Clipping updates: element-wise, by global norm, and by per-block RMS."""
+"""Clipping updates: element-wise, by global norm, by per-block RMS, unit-wise relative to
+the parameters (AGC), and per example (for differential privacy)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .._base import AbstractTransform, init_empty_state
-from .._fields import NONNEGATIVE, POSITIVE, hyperparameter
+from .._base import AbstractTransform, EmptyState, init_empty_state
+from .._fields import NONNEGATIVE, POSITIVE, Check, hyperparameter, is_concrete, static
 from .._numerics import abs_sq, global_norm
+from .. import _shared_fields as fields
+from .._trees import map_updates
+from ._scale import _require_params
 
 
 class Clip(AbstractTransform):
@@ -61,6 +66,161 @@ class ClipByBlockRms(AbstractTransform):
         return jax.tree_util.tree_map(clip, updates), state
 
 
+def _as_axis(axis: Any) -> Any:
+    """An `axis` field as a hashable value: a list of axes becomes a tuple."""
+    return tuple(axis) if isinstance(axis, list) else axis
+
+
+class AdaptiveGradClip(AbstractTransform):
+    r"""Clips updates unit-wise to at most `clipping` times the norm of their parameters.
+
+    A unit is a slice of a leaf (see `axis`). With `G` and `W` the L2 norms of a unit of the
+    update and of its parameter, `max_norm = clipping * max(W, eps)`, and the unit becomes
+    `u * max_norm / G` where `G >= max_norm`; it is unchanged otherwise.
+
+    `axis` are the axes a unit's norm is taken over. By default they follow common layouts:
+    the whole leaf for scalars and vectors (any leaf with at most one axis longer than 1),
+    axis 0 for rank 2 and 3 (dense and multi-head kernels, inputs first), axes (0, 1, 2) for
+    rank 4 (HWIO convolutions) and (0, 1, 2, 3) for rank 5; other ranks need `axis`.
+
+    Reference: Brock et al., 2021 (NFNets), https://arxiv.org/abs/2102.06171
+    """
+
+    clipping: Any = hyperparameter(check=NONNEGATIVE)
+    eps: Any = fields.eps(1e-3)
+    axis: int | tuple[int, ...] | None = static(default=None, converter=_as_axis)
+
+    def init(self, params):
+        return init_empty_state(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        _require_params(params, self)
+        for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
+            _unit_axes(jnp.shape(p), self.axis, jax.tree_util.keystr(path))
+
+        def clip_units(g, p):
+            g_norm, p_norm = _unit_norm(g, self.axis), _unit_norm(p, self.axis)
+            max_norm = self.clipping * jnp.maximum(p_norm, self.eps)
+            # The floor on G only guards against a division by zero.
+            clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
+            return jnp.where(g_norm < max_norm, g, clipped)
+
+        return map_updates(clip_units, updates, params), state
+
+
+def _unit_axes(shape: tuple[int, ...], axis: Any, where: str = "") -> Any:
+    """The axes of a unit of a leaf of `shape` (`None`: all of them); see `AdaptiveGradClip`."""
+    if axis is not None:
+        for a in axis if isinstance(axis, tuple) else (axis,):
+            if not -len(shape) <= a < len(shape):
+                raise ValueError(
+                    f"adaptive_grad_clip: axis {a} is out of range for the rank-{len(shape)} leaf {where} of "
+                    f"shape {shape}; use `masked` to clip only the leaves `axis` fits."
+                )
+        return axis
+    if sum(d != 1 for d in shape) <= 1:
+        return None
+    defaults = {2: (0,), 3: (0,), 4: (0, 1, 2), 5: (0, 1, 2, 3)}
+    if len(shape) not in defaults:
+        raise ValueError(
+            f"adaptive_grad_clip has no default unit for the rank-{len(shape)} leaf {where} of "
+            f"shape {shape}: pass `axis=` (the axes each unit's norm is taken over)."
+        )
+    return defaults[len(shape)]
+
+
+def _unit_norm(x: jax.Array, axis: Any) -> jax.Array:
+    """The L2 norm of each unit of `x`, broadcast back to the shape of `x`."""
+    squares = jnp.sum(abs_sq(x), axis=_unit_axes(jnp.shape(x), axis), keepdims=True)
+    return jnp.broadcast_to(jnp.sqrt(squares), jnp.shape(x))
+
+
+def per_example_global_norm_clip(grads: Any, l2_norm_clip: Any) -> tuple[Any, jax.Array]:
+    """Clips each example's gradient to global L2 norm `l2_norm_clip`, then sums over examples.
+
+    Every leaf of `grads` has the batch on axis 0 (per-example gradients, e.g. from
+    `jax.vmap(jax.grad(loss))`). Example `i`'s gradient is multiplied by
+    `min(1, l2_norm_clip / ||g_i||)`, its norm taken over all leaves together (a zero
+    gradient is left as it is). This is a function, not a transform: it reduces the batch.
+
+    Returns:
+        `(sum of the clipped gradients, number of examples that were clipped)`; the sum has
+        the structure of `grads` without the batch axis.
+
+    Example:
+        >>> grads = [jnp.array([[0.0, 0.0], [3.0, 4.0]])]
+        >>> modopt.per_example_global_norm_clip(grads, 1.0)
+        ([Array([0.6, 0.8], dtype=float32)], Array(1, dtype=int32))
+
+    Reference: Abadi et al., 2016, https://arxiv.org/abs/1607.00133
+    """
+    _check_batched(grads, "per_example_global_norm_clip")
+    _check_number(l2_norm_clip, "l2_norm_clip", NONNEGATIVE, "per_example_global_norm_clip")
+    norms = jax.vmap(global_norm)(grads)
+    multipliers = jnp.nan_to_num(jnp.minimum(l2_norm_clip / norms, 1.0), nan=1.0)
+    clipped_sum = jax.tree_util.tree_map(lambda g: jnp.tensordot(multipliers, g, axes=1), grads)
+    return clipped_sum, jnp.sum(multipliers < 1.0)
+
+
+def per_example_layer_norm_clip(
+    grads: Any, global_l2_norm_clip: Any, uniform: bool = True
+) -> tuple[Any, Any]:
+    """Clips each example's gradient layer by layer, then sums over examples.
+
+    Like `per_example_global_norm_clip` applied to each leaf (layer) of `grads` on its own,
+    with a budget per layer: with `C = global_l2_norm_clip` and `K` leaves, `C / sqrt(K)`
+    each when `uniform`, else `C * sqrt(D_k / D)` for a layer of `D_k` of the model's `D`
+    parameters. Either way the clipped example's global norm is at most `C`.
+
+    Returns:
+        `(sum of the clipped gradients, number of examples clipped)`, each a tree with the
+        structure of `grads`: the counts are per layer.
+
+    Reference: McMahan et al., 2017, https://arxiv.org/abs/1710.06963
+    """
+    _check_batched(grads, "per_example_layer_norm_clip")
+    _check_number(global_l2_norm_clip, "global_l2_norm_clip", NONNEGATIVE, "per_example_layer_norm_clip")
+    leaves, treedef = jax.tree_util.tree_flatten(grads)
+    if uniform:
+        shares = [1.0 / len(leaves)] * len(leaves)
+    else:
+        sizes = [np.prod(g.shape[1:], dtype=int) for g in leaves]
+        shares = [size / sum(sizes) for size in sizes]
+    results = [
+        per_example_global_norm_clip(g, global_l2_norm_clip * share**0.5) for g, share in zip(leaves, shares)
+    ]
+    return treedef.unflatten([s for s, _ in results]), treedef.unflatten([n for _, n in results])
+
+
+def _check_batched(grads: Any, where: str) -> None:
+    """Every leaf has a leading batch axis, of the same size for all (the most common one)."""
+    flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+    if not flat:
+        raise ValueError(f"{where} got no gradients (an empty tree).")
+    sizes = [jnp.shape(g)[0] for _, g in flat if jnp.ndim(g) >= 1]
+    batch = max(set(sizes), key=sizes.count) if sizes else None
+    for path, g in flat:
+        if jnp.ndim(g) < 1 or jnp.shape(g)[0] != batch:
+            shapes = {jax.tree_util.keystr(p): jnp.shape(x) for p, x in flat}
+            raise ValueError(
+                f"{where} expects per-example gradients, every leaf with the batch on axis 0 (batch "
+                f"size {batch}); the leaf at {jax.tree_util.keystr(path) or 'the root'} has shape "
+                f"{jnp.shape(g)}. Shapes: {shapes}."
+            )
+
+
+def _check_number(value: Any, name: str, check: Check, where: str) -> None:
+    """A concrete argument of a function checked like a transform's hyperparameter."""
+    if is_concrete(value) and not check.predicate(np.asarray(value)):
+        raise ValueError(f"Invalid {name}: {np.asarray(value)} (must be {check.description}) in {where}.")
+
+
 clip = Clip
 clip_by_global_norm = ClipByGlobalNorm
 clip_by_block_rms = ClipByBlockRms
+adaptive_grad_clip = AdaptiveGradClip
+
+# The states of the stateless clipping transforms, named as in optax.
+ClipState = EmptyState
+ClipByGlobalNormState = EmptyState
+AdaptiveGradClipState = EmptyState

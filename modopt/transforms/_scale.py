@@ -7,10 +7,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractComposite, AbstractTransform, init_empty_state
+from .._base import AbstractComposite, AbstractTransform, EmptyState, init_empty_state
 from .._fields import NONNEGATIVE, hyperparameter, static
-from .._numerics import safe_increment, safe_root_mean_squares
+from .._numerics import safe_increment, safe_norm, safe_root_mean_squares
 from .. import _shared_fields as fields
+from .._trees import map_updates
 from ..schedules._base import AbstractSchedule, is_schedule, scalar_or_schedule
 from ._stateless import Identity
 
@@ -75,8 +76,26 @@ class ScaleByLearningRate(AbstractComposite):
         return Scale(sign * self.learning_rate)
 
 
+class ScaleByParamBlockNorm(AbstractTransform):
+    """Multiplies each update leaf by the L2 norm of its parameter (at least `min_scale`).
+
+    A block is one leaf of the params (a weight vector or matrix): `u <- u * max(||p||, min_scale)`.
+    """
+
+    min_scale: Any = hyperparameter(default=1e-3, check=NONNEGATIVE)
+
+    def init(self, params):
+        return init_empty_state(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        statistic = lambda p: safe_norm(p, self.min_scale)  # noqa: E731
+        return _scale_by_param_statistic(updates, params, self, statistic), state
+
+
 class ScaleByParamBlockRms(AbstractTransform):
-    """Multiplies each update by the RMS of its parameter (at least `min_scale`).
+    """Multiplies each update leaf by the RMS of its parameter (at least `min_scale`).
+
+    A block is one leaf of the params: `u <- u * max(sqrt(mean(|p|^2)), min_scale)`.
 
     Reference: Shazeer & Stern, 2018 (Adafactor), https://arxiv.org/abs/1804.04235
     """
@@ -87,11 +106,14 @@ class ScaleByParamBlockRms(AbstractTransform):
         return init_empty_state(params)
 
     def update(self, updates, state, params=None, **extra_args):
-        _require_params(params, self)
-        updates = jax.tree_util.tree_map(
-            lambda u, p: u * safe_root_mean_squares(p, self.min_scale), updates, params
-        )
-        return updates, state
+        statistic = lambda p: safe_root_mean_squares(p, self.min_scale)  # noqa: E731
+        return _scale_by_param_statistic(updates, params, self, statistic), state
+
+
+def _scale_by_param_statistic(updates: Any, params: Any, transform: Any, statistic: Any) -> Any:
+    """`update * statistic(param)` leaf by leaf (`None` updates stay `None`)."""
+    _require_params(params, transform)
+    return map_updates(lambda u, p: u * statistic(p), updates, params)
 
 
 def _require_params(params: Any, transform: Any) -> None:
@@ -105,4 +127,7 @@ def _require_params(params: Any, transform: Any) -> None:
 scale = Scale
 scale_by_schedule = ScaleBySchedule
 scale_by_learning_rate = ScaleByLearningRate
+scale_by_param_block_norm = ScaleByParamBlockNorm
 scale_by_param_block_rms = ScaleByParamBlockRms
+
+ScaleState = EmptyState  # the state of `scale`, named as in optax

@@ -1,0 +1,337 @@
+"""Named adaptive optimizers: per-coordinate step sizes from running gradient statistics.
+
+Each is a composite whose fields are its hyperparameters; `build()` chains the scaling
+transform of `modopt.transforms`, decoupled weight decay where the optimizer has one, and
+the learning rate. Adam, AdamW, NAdam and NAdamW live in `_adam.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._base import AbstractComposite, AbstractTransform
+from .._fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
+from .. import _shared_fields as fields
+from ..combinators import Chain
+from ..transforms._lion import check_mode
+from ..transforms import (
+    AddDecayedWeights,
+    Identity,
+    Scale,
+    ScaleByAdadelta,
+    ScaleByAdamax,
+    ScaleByAdan,
+    ScaleByAmsgrad,
+    ScaleByBelief,
+    ScaleByLearningRate,
+    ScaleByLion,
+    ScaleByNovograd,
+    ScaleByRadam,
+    ScaleByRms,
+    ScaleByRss,
+    ScaleByStddev,
+    ScaleByYogi,
+    Trace,
+)
+
+
+def _descent(scaling: AbstractTransform, learning_rate: Any, weight_decay: Any = None, mask: Any = None):
+    """`scaling`, then `weight_decay * params` added (unless `None`), then `-learning_rate` times."""
+    decay = () if weight_decay is None else (AddDecayedWeights(weight_decay, mask),)
+    return Chain(scaling, *decay, ScaleByLearningRate(learning_rate))
+
+
+class AdaBelief(AbstractComposite):
+    r"""AdaBelief: Adam whose denominator tracks the gradient's deviation from its EMA.
+
+    `params -= learning_rate * m_hat / (sqrt(s_hat) + eps)`, with `m` the EMA of gradients
+    and `s` the EMA of `|g - m|^2 + eps_root`, both bias-corrected (see `scale_by_belief`).
+    Steps are large where gradients agree with their prediction, small where they don't.
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.adabelief(1e-3), model)
+
+    Reference: Zhuang et al., 2020, https://arxiv.org/abs/2010.07468
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-16)
+    eps_root: Any = fields.eps(1e-16)
+    nesterov: bool = static(default=False, kw_only=True)
+
+    def build(self):
+        belief = ScaleByBelief(self.b1, self.b2, self.eps, self.eps_root, nesterov=self.nesterov)
+        return _descent(belief, self.learning_rate)
+
+
+class Adadelta(AbstractComposite):
+    r"""Adadelta: steps scaled by the ratio of past update RMS to past gradient RMS, no learning rate needed.
+
+    `g' = g + weight_decay * params`, `E[g^2] = rho E[g^2] + (1 - rho) g'^2`,
+    `dx = sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps) g'`, `E[dx^2] = rho E[dx^2] + (1 - rho) dx^2`,
+    `params -= learning_rate * dx`. `learning_rate=None` (the default) steps by `dx` itself.
+    Unlike optax 0.2.8, whose `adadelta(learning_rate=None)` leaves the sign of the update
+    unflipped (and so ascends), modopt always descends: `None` acts as a learning rate of 1.
+
+    Reference: Zeiler, 2012, https://arxiv.org/abs/1212.5701
+    """
+
+    learning_rate: Any = fields.learning_rate(None)
+    rho: Any = fields.decay_rate(0.9)
+    eps: Any = fields.eps(1e-6)
+    weight_decay: Any = fields.weight_decay(0.0)
+    weight_decay_mask: Any = fields.mask()
+
+    def build(self):
+        descend = Scale(-1.0) if self.learning_rate is None else ScaleByLearningRate(self.learning_rate)
+        decay = AddDecayedWeights(self.weight_decay, self.weight_decay_mask)
+        return Chain(decay, ScaleByAdadelta(self.rho, self.eps), descend)
+
+
+class Adagrad(AbstractComposite):
+    r"""Adagrad: steps scaled by the root of the sum of all past squared gradients.
+
+    `s = s + g^2` (from `initial_accumulator_value`), `params -= learning_rate * g / sqrt(s + eps)`.
+    Rarely updated coordinates keep large steps; the step size only ever decreases.
+
+    Reference: Duchi et al., 2011, https://jmlr.org/papers/v12/duchi11a.html
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    initial_accumulator_value: Any = fields.eps(0.1)
+    eps: Any = fields.eps(1e-7)
+
+    def build(self):
+        return _descent(ScaleByRss(self.initial_accumulator_value, self.eps), self.learning_rate)
+
+
+class Adamax(AbstractComposite):
+    r"""Adamax: Adam with the infinity norm in place of the second moment.
+
+    `m = b1 m + (1 - b1) g`, `u = max(|g| + eps, b2 u)`, `params -= learning_rate * m / ((1 - b1^t) u)`.
+
+    Reference: Kingma & Ba, 2014 (Section 7.1), https://arxiv.org/abs/1412.6980
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+
+    def build(self):
+        return _descent(ScaleByAdamax(self.b1, self.b2, self.eps), self.learning_rate)
+
+
+class AdamaxW(AbstractComposite):
+    r"""AdamaxW: Adamax with decoupled weight decay.
+
+    `params -= learning_rate * (m / ((1 - b1^t) u) + weight_decay * params)`, with `m`, `u`
+    as in `adamax`; `mask` restricts the decay to some parameters.
+
+    References: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980;
+    Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    weight_decay: Any = fields.weight_decay(1e-4)
+    mask: Any = fields.mask()
+
+    def build(self):
+        adamax = ScaleByAdamax(self.b1, self.b2, self.eps)
+        return _descent(adamax, self.learning_rate, self.weight_decay, self.mask)
+
+
+class Amsgrad(AbstractComposite):
+    r"""AMSGrad: Adam dividing by the running maximum of the second moment.
+
+    `v_max = max(v_max, v_hat)`, `params -= learning_rate * m_hat / (sqrt(v_max + eps_root) + eps)`
+    with Adam's moments (see `scale_by_amsgrad` for the bias-correction switches).
+
+    Reference: Reddi et al., 2018, https://openreview.net/forum?id=ryQu7f-RZ
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    mu_dtype: Any = fields.dtype()
+    bias_correction_mu: bool = static(default=True)
+    bias_correction_nu: bool = static(default=True)
+
+    def build(self):
+        amsgrad = ScaleByAmsgrad(
+            self.b1,
+            self.b2,
+            self.eps,
+            self.eps_root,
+            self.mu_dtype,
+            self.bias_correction_mu,
+            self.bias_correction_nu,
+        )
+        return _descent(amsgrad, self.learning_rate)
+
+
+class Adan(AbstractComposite):
+    r"""Adan: adaptive Nesterov momentum estimated from gradients and their differences.
+
+    `params -= learning_rate * ((m_hat + (1 - b2) v_hat) / (sqrt(n_hat + eps_root) + eps)
+    + weight_decay * params)`, with `m`, `v`, `n` the EMAs of gradients, gradient differences
+    and `|g + (1 - b2)(g - g_prev)|^2` (see `scale_by_adan`).
+
+    Reference: Xie et al., 2022, https://arxiv.org/abs/2208.06677
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.98)
+    b2: Any = fields.decay_rate(0.92)
+    b3: Any = fields.decay_rate(0.99)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(1e-8)
+    weight_decay: Any = fields.weight_decay(0.0)
+    mask: Any = fields.mask()
+
+    def build(self):
+        adan = ScaleByAdan(self.b1, self.b2, self.b3, self.eps, self.eps_root)
+        return _descent(adan, self.learning_rate, self.weight_decay, self.mask)
+
+
+class Lion(AbstractComposite):
+    r"""Lion: steps of equal size per coordinate, the sign of an interpolated momentum.
+
+    `params -= learning_rate * (sign((1 - b1) g + b1 m) + weight_decay * params)`, then
+    `m = b2 m + (1 - b2) g`. `mode` and `smooth_beta` choose the sign function (see
+    `scale_by_lion`); optax's `lion` has only the hard sign.
+
+    Reference: Chen et al., 2023, https://arxiv.org/abs/2302.06675
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9, check=UNIT)
+    b2: Any = fields.decay_rate(0.99)
+    mu_dtype: Any = fields.dtype()
+    weight_decay: Any = fields.weight_decay(1e-3)
+    mask: Any = fields.mask()
+    mode: str = static(default="hard", kw_only=True)
+    smooth_beta: Any = hyperparameter(1.0, check=POSITIVE, kw_only=True)
+
+    def __check_init__(self):
+        check_mode(self.mode, self)
+
+    def build(self):
+        lion = ScaleByLion(self.b1, self.b2, self.mu_dtype, mode=self.mode, smooth_beta=self.smooth_beta)
+        return _descent(lion, self.learning_rate, self.weight_decay, self.mask)
+
+
+class Novograd(AbstractComposite):
+    r"""NovoGrad: momentum over gradients normalized by a per-layer second moment.
+
+    Per parameter leaf: `v = b2 v + (1 - b2) ||g||^2` (`||g||^2` at the first step),
+    `m = b1 m + g / (sqrt(v + eps_root) + eps) + weight_decay * params`, `params -= learning_rate * m`.
+
+    Reference: Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.25)
+    eps: Any = fields.eps(1e-6)
+    eps_root: Any = fields.eps(0.0)
+    weight_decay: Any = fields.weight_decay(0.0)
+
+    def build(self):
+        novograd = ScaleByNovograd(self.b1, self.b2, self.eps, self.eps_root, self.weight_decay)
+        return _descent(novograd, self.learning_rate)
+
+
+class Radam(AbstractComposite):
+    r"""RAdam: Adam whose adaptive step is switched on, and rectified, once its variance is tractable.
+
+    `params -= learning_rate * r_t m_hat / (sqrt(v_hat + eps_root) + eps)` once the SMA length
+    `rho_t` reaches `threshold`, and `params -= learning_rate * m_hat` before (see
+    `scale_by_radam` for `rho_t` and `r_t`).
+
+    Reference: Liu et al., 2020, https://arxiv.org/abs/1908.03265
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    threshold: Any = hyperparameter(5.0, check=NONNEGATIVE)
+    nesterov: bool = static(default=False, kw_only=True)
+
+    def build(self):
+        radam = ScaleByRadam(self.b1, self.b2, self.eps, self.eps_root, self.threshold, nesterov=self.nesterov)
+        return _descent(radam, self.learning_rate)
+
+
+class Rmsprop(AbstractComposite):
+    r"""RMSprop: steps scaled by the root of a moving average of squared gradients.
+
+    `v = decay v + (1 - decay) g^2`, `params -= learning_rate * g / sqrt(v + eps)`. With
+    `centered=True` the moving variance `v - m^2` replaces `v` (`m` the moving average of
+    gradients); with `momentum` the scaled step goes through a momentum trace (Nesterov's
+    with `nesterov=True`). See `scale_by_rms` for `initial_scale`, `eps_in_sqrt` and
+    `bias_correction`.
+
+    Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    decay: Any = fields.decay_rate(0.9)
+    eps: Any = fields.eps(1e-8)
+    initial_scale: Any = fields.eps(0.0)
+    eps_in_sqrt: bool = static(default=True)
+    centered: bool = static(default=False)
+    momentum: Any = fields.momentum(None)
+    nesterov: bool = static(default=False)
+    bias_correction: bool = static(default=False)
+
+    def build(self):
+        rescale = ScaleByStddev if self.centered else ScaleByRms
+        momentum = Identity() if self.momentum is None else Trace(self.momentum, self.nesterov)
+        return Chain(
+            rescale(self.decay, self.eps, self.initial_scale, self.eps_in_sqrt, self.bias_correction),
+            ScaleByLearningRate(self.learning_rate),
+            momentum,
+        )
+
+
+class Yogi(AbstractComposite):
+    r"""Yogi: Adam with an additive second moment that cannot grow the step size abruptly.
+
+    `v = v - (1 - b2) sign(v - g^2) g^2`, `params -= learning_rate * m_hat / (sqrt(v_hat) + eps)`
+    with Adam's first moment (see `scale_by_yogi`).
+
+    Reference: Zaheer et al., 2018,
+    https://papers.nips.cc/paper/2018/hash/90365351ccc7437a1309dc64e4db32a3-Abstract.html
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-3)
+
+    def build(self):
+        return _descent(ScaleByYogi(self.b1, self.b2, self.eps), self.learning_rate)
+
+
+adabelief = AdaBelief
+adadelta = Adadelta
+adagrad = Adagrad
+adamax = Adamax
+adamaxw = AdamaxW
+amsgrad = Amsgrad
+adan = Adan
+lion = Lion
+novograd = Novograd
+radam = Radam
+rmsprop = Rmsprop
+yogi = Yogi

@@ -1,0 +1,168 @@
+"""Layer-wise adaptive optimizers (LARS, LAMB, Fromage) and signSGD."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+from .._base import AbstractComposite
+from .._fields import NONNEGATIVE, hyperparameter, static
+from .. import _shared_fields as fields
+from ..combinators import Chain, Masked
+from ..schedules._base import AbstractSchedule, is_schedule
+from ..transforms import (
+    AddDecayedWeights,
+    ScaleByAdam,
+    ScaleByLearningRate,
+    ScaleBySign,
+    ScaleByTrustRatio,
+    Trace,
+)
+
+
+class Lars(AbstractComposite):
+    r"""LARS: SGD with momentum whose step for each layer is scaled by the layer's trust ratio.
+
+    With `g` the gradient of a layer (a leaf) with parameters `p`:
+
+        d = g + weight_decay * p                           (where `weight_decay_mask`)
+        d = trust_coefficient * ||p|| / (||d|| + eps) * d   (where `trust_ratio_mask`)
+        t = -learning_rate * d + momentum * t
+        params += t                                        (Nesterov: -learning_rate * d + momentum * t)
+
+    The masks (`True` for all layers, a pytree of bools, or a function of the params) usually
+    exclude biases and normalization scales.
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.lars(0.1, weight_decay=1e-4), model)
+
+    Reference: You et al., 2017, https://arxiv.org/abs/1708.03888
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    weight_decay: Any = fields.weight_decay(0.0)
+    weight_decay_mask: Any = fields.mask(True)
+    trust_coefficient: Any = hyperparameter(default=0.001, check=NONNEGATIVE)
+    eps: Any = fields.eps(0.0)
+    trust_ratio_mask: Any = fields.mask(True)
+    momentum: Any = fields.momentum(0.9)
+    nesterov: bool = static(default=False)
+
+    def build(self):
+        return Chain(
+            AddDecayedWeights(self.weight_decay, mask=self.weight_decay_mask),
+            Masked(
+                ScaleByTrustRatio(trust_coefficient=self.trust_coefficient, eps=self.eps),
+                self.trust_ratio_mask,
+            ),
+            ScaleByLearningRate(self.learning_rate),
+            Trace(self.momentum, self.nesterov),
+        )
+
+
+class Lamb(AbstractComposite):
+    r"""LAMB: Adam whose step for each layer is scaled by the layer's trust ratio.
+
+    With `a` Adam's update for a layer with parameters `p` (see `scale_by_adam`):
+
+        d = a + weight_decay * p                 (where `mask`; everywhere if `mask` is None)
+        params -= learning_rate * ||p|| / ||d|| * d
+
+    (the ratio is 1 where either norm is zero).
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.lamb(1e-3, weight_decay=1e-2), model)
+
+    Reference: You et al., 2020, https://arxiv.org/abs/1904.00962
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-6)
+    eps_root: Any = fields.eps(0.0)
+    weight_decay: Any = fields.weight_decay(0.0)
+    mask: Any = fields.mask()
+
+    def build(self):
+        return Chain(
+            ScaleByAdam(self.b1, self.b2, self.eps, self.eps_root),
+            AddDecayedWeights(self.weight_decay, mask=self.mask),
+            ScaleByTrustRatio(),
+            ScaleByLearningRate(self.learning_rate),
+        )
+
+
+def _fromage_step(learning_rate: Any) -> Any:
+    """Fromage's step size, `lr / sqrt(1 + lr^2)`."""
+    return learning_rate / jnp.sqrt(1 + learning_rate**2)
+
+
+def _fromage_shrink(learning_rate: Any) -> Any:
+    """Fromage's (negative) weight decay, `1 / sqrt(1 + lr^2) - 1`, free of cancellation."""
+    root = jnp.sqrt(1 + learning_rate**2)
+    return -(learning_rate**2) / (root * (1 + root))
+
+
+class _MappedSchedule(AbstractSchedule):
+    """`fn(schedule(count))`: a function of a scheduled value, itself a schedule."""
+
+    schedule: AbstractSchedule
+    fn: Callable[[Any], Any] = static()
+
+    def __call__(self, count):
+        return self.fn(self.schedule(count))
+
+
+class Fromage(AbstractComposite):
+    r"""Fromage: steps of a fixed size relative to each layer's norm, then a shrink.
+
+    With `g` the gradient of a layer with parameters `p`:
+
+        p <- (p - learning_rate * ||p|| / ||g|| * g) / sqrt(1 + learning_rate^2)
+
+    Both norms are floored at `min_norm`. The division keeps the parameters' norms from
+    growing; it is applied as a negative weight decay `1 / sqrt(1 + lr^2) - 1`.
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.fromage(1e-2), model)
+
+    Reference: Bernstein et al., 2020, https://arxiv.org/abs/2002.03432
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    min_norm: Any = hyperparameter(default=1e-6, check=NONNEGATIVE)
+
+    def build(self):
+        if is_schedule(self.learning_rate):
+            step = _MappedSchedule(self.learning_rate, _fromage_step)
+            shrink = _MappedSchedule(self.learning_rate, _fromage_shrink)
+        else:
+            step, shrink = _fromage_step(self.learning_rate), _fromage_shrink(self.learning_rate)
+        return Chain(ScaleByTrustRatio(self.min_norm), ScaleByLearningRate(step), AddDecayedWeights(shrink))
+
+
+class SignSgd(AbstractComposite):
+    r"""signSGD: steps of `learning_rate` along the sign of each gradient element.
+
+        params -= learning_rate * sign(g)
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.sign_sgd(1e-3), model)
+
+    References: Bernstein et al., 2018, https://arxiv.org/abs/1802.04434;
+    Balles et al., 2020, https://arxiv.org/abs/2002.08056
+    """
+
+    learning_rate: Any = fields.learning_rate()
+
+    def build(self):
+        return Chain(ScaleBySign(), ScaleByLearningRate(self.learning_rate))
+
+
+lars = Lars
+lamb = Lamb
+fromage = Fromage
+sign_sgd = SignSgd

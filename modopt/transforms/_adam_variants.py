@@ -1,0 +1,193 @@
+"""Adam-like rescalings with another second moment or step: AdaBelief, Yogi, RAdam and Adan."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .._base import AbstractTransform
+from .._fields import NONNEGATIVE, hyperparameter, static
+from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._numerics import safe_increment
+from .. import _shared_fields as fields
+from .._trees import abs_sq, full_like, map_updates, select, zeros_like
+from ._adam import ScaleByAdamState, debiased_mu, moment_ratio
+
+
+def _adam_state(params: Any, initial_value: Any = 0.0) -> ScaleByAdamState:
+    """A fresh `ScaleByAdamState` with both moments filled with `initial_value`."""
+    return ScaleByAdamState(
+        count=jnp.zeros([], jnp.int32),
+        mu=full_like(params, initial_value),
+        nu=full_like(params, initial_value),
+    )
+
+
+class ScaleByBeliefState(NamedTuple):
+    """AdaBelief's step count, first moment and moving variance of the prediction error."""
+
+    count: jax.Array  # int32 scalar
+    mu: Any  # first moment, like the params
+    nu: Any  # second moment of `g - mu` (plus `eps_root`), like the params
+
+
+class ScaleByBelief(AbstractTransform):
+    r"""Rescales updates by AdaBelief's "belief" in the gradient: the spread of `g` around its EMA.
+
+    With `t` the step (from 1): `m = b1 m + (1 - b1) g`, `s = b2 s + (1 - b2) |g - m|^2 +
+    eps_root`, `update = m_hat / (sqrt(s_hat) + eps)` with `m_hat = m / (1 - b1^t)`,
+    `s_hat = s / (1 - b2^t)`. With `nesterov=True`, `m_hat` is Nesterov's look-ahead as in
+    `scale_by_adam`.
+
+    Reference: Zhuang et al., 2020, https://arxiv.org/abs/2010.07468
+    """
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-16)
+    eps_root: Any = fields.eps(1e-16)
+    nesterov: bool = static(default=False, kw_only=True)
+
+    def init(self, params):
+        return ScaleByBeliefState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params), nu=zeros_like(params))
+
+    def update(self, updates, state, params=None, **extra_args):
+        mu = update_moment(updates, state.mu, self.b1, 1)
+        prediction_error = map_updates(jnp.subtract, updates, mu)
+        nu = update_moment_per_elem_norm(prediction_error, state.nu, self.b2, 2)
+        nu = map_updates(lambda v: v + self.eps_root, nu)
+        count = safe_increment(state.count)
+        mu_hat = debiased_mu(mu, updates, self.b1, count, self.nesterov)
+        updates = moment_ratio(mu_hat, bias_correction(nu, self.b2, count), self.eps)
+        return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
+
+
+class ScaleByYogi(AbstractTransform):
+    r"""Rescales updates like Adam with Yogi's additive, sign-controlled second moment.
+
+    With `t` the step (from 1): `m = b1 m + (1 - b1) g`, `v = v - (1 - b2) sign(v - |g|^2)
+    |g|^2`, `update = m_hat / (sqrt(v_hat + eps_root) + eps)` with Adam's bias corrections.
+    `v` changes by at most `(1 - b2) |g|^2` per step, so the effective learning rate cannot
+    grow abruptly as Adam's can. Both moments start at `initial_accumulator_value`.
+
+    Reference: Zaheer et al., 2018,
+    https://papers.nips.cc/paper/2018/hash/90365351ccc7437a1309dc64e4db32a3-Abstract.html
+    """
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-3)
+    eps_root: Any = fields.eps(0.0)
+    initial_accumulator_value: Any = fields.eps(1e-6)
+
+    def init(self, params):
+        return _adam_state(params, self.initial_accumulator_value)
+
+    def update(self, updates, state, params=None, **extra_args):
+        b2 = self.b2
+        mu = update_moment(updates, state.mu, self.b1, 1)
+        nu = map_updates(lambda g, v: v - (1 - b2) * jnp.sign(v - abs_sq(g)) * abs_sq(g), updates, state.nu)
+        count = safe_increment(state.count)
+        mu_hat = bias_correction(mu, self.b1, count)
+        updates = moment_ratio(mu_hat, bias_correction(nu, b2, count), self.eps, self.eps_root)
+        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+
+class ScaleByRadam(AbstractTransform):
+    r"""Rescales updates by Rectified Adam: Adam's step, rectified while its variance is intractable.
+
+    With `t` the step (from 1), `rho_inf = 2 / (1 - b2) - 1` and `rho_t = rho_inf -
+    2 t b2^t / (1 - b2^t)` (the length of the approximated simple moving average): while
+    `rho_t < threshold` the update is the bias-corrected momentum `m_hat` alone; afterwards
+    it is `r_t m_hat / (sqrt(v_hat + eps_root) + eps)` with
+    `r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))`.
+    With `nesterov=True`, `m_hat` is Nesterov's look-ahead as in `scale_by_adam`.
+
+    Reference: Liu et al., 2020, https://arxiv.org/abs/1908.03265
+    """
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    threshold: Any = hyperparameter(5.0, check=NONNEGATIVE)
+    nesterov: bool = static(default=False, kw_only=True)
+
+    def init(self, params):
+        return _adam_state(params)
+
+    def update(self, updates, state, params=None, **extra_args):
+        mu = update_moment(updates, state.mu, self.b1, 1)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
+        count = safe_increment(state.count)
+        # In float32 from the rate's exact complement (optax works in double precision): the two
+        # agree to rounding, about 1e-4 at b2 = 0.999, which moves r_t just past the threshold.
+        rho_inf = 2.0 / (1 - self.b2) - 1.0
+        b2_t = self.b2**count
+        rho = rho_inf - 2 * count * b2_t / (1 - b2_t)
+        r = jnp.sqrt((rho - 4.0) * (rho - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho))
+        mu_hat = debiased_mu(mu, updates, self.b1, count, self.nesterov)
+        rectified = moment_ratio(
+            jax.tree_util.tree_map(lambda m: r.astype(m.dtype) * m, mu_hat),
+            bias_correction(nu, self.b2, count),
+            self.eps,
+            self.eps_root,
+        )
+        tractable = rho >= self.threshold
+        updates = jax.tree_util.tree_map(lambda u, m: jnp.where(tractable, u, m), rectified, mu_hat)
+        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+
+class ScaleByAdanState(NamedTuple):
+    """Adan's moving averages, the previous gradient and the step count."""
+
+    m: Any  # EMA of gradients, like the params
+    v: Any  # EMA of gradient differences, like the params
+    n: Any  # EMA of the squared term, like the params
+    g: Any  # the previous gradient, like the params
+    t: jax.Array  # int32 scalar
+
+
+class ScaleByAdan(AbstractTransform):
+    r"""Rescales updates by Adan's Nesterov-momentum estimates built from gradient differences.
+
+    With `d = g - g_prev` (0 at the first step) and `t` the step (from 1): `m = b1 m +
+    (1 - b1) g`, `v = b2 v + (1 - b2) d`, `n = b3 n + (1 - b3) |g + (1 - b2) d|^2` and
+    `update = (m_hat + (1 - b2) v_hat) / (sqrt(n_hat + eps_root) + eps)`, each moment
+    bias-corrected by `1 - b^t` of its own rate (Algorithm 1 of the paper).
+
+    Reference: Xie et al., 2022, https://arxiv.org/abs/2208.06677
+    """
+
+    b1: Any = fields.decay_rate(0.98)
+    b2: Any = fields.decay_rate(0.92)
+    b3: Any = fields.decay_rate(0.99)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+
+    def init(self, params):
+        zeros = lambda: zeros_like(params)  # noqa: E731
+        return ScaleByAdanState(m=zeros(), v=zeros(), n=zeros(), g=zeros(), t=jnp.zeros([], jnp.int32))
+
+    def update(self, updates, state, params=None, **extra_args):
+        b1, b2, b3 = self.b1, self.b2, self.b3
+        grads = updates
+        diff = select(state.t == 0, zeros_like(grads), map_updates(jnp.subtract, grads, state.g))
+        m = update_moment(grads, state.m, b1, 1)
+        v = update_moment(diff, state.v, b2, 1)
+        corrected = map_updates(lambda g, d: g + (1 - b2) * d, grads, diff)
+        n = update_moment_per_elem_norm(corrected, state.n, b3, 2)
+        t = safe_increment(state.t)
+        direction = jax.tree_util.tree_map(
+            lambda m_hat, v_hat: m_hat + (1 - b2) * v_hat, bias_correction(m, b1, t), bias_correction(v, b2, t)
+        )
+        updates = moment_ratio(direction, bias_correction(n, b3, t), self.eps, self.eps_root)
+        return updates, ScaleByAdanState(m=m, v=v, n=n, g=grads, t=t)
+
+
+scale_by_belief = ScaleByBelief
+scale_by_yogi = ScaleByYogi
+scale_by_radam = ScaleByRadam
+scale_by_adan = ScaleByAdan

@@ -1,0 +1,73 @@
+"""NovoGrad: Adam-like steps with a second moment per layer (one scalar per parameter leaf)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .._base import AbstractTransform
+from .._moments import update_moment
+from .._numerics import safe_increment
+from .. import _shared_fields as fields
+from .._specs import REPLICATED
+from .._trees import abs_sq, cast, map_updates, zeros_like
+from ..schedules._base import value_at
+from ._scale import _require_params
+
+
+class ScaleByNovogradState(NamedTuple):
+    """NovoGrad's step count, momentum and per-leaf second moments."""
+
+    count: jax.Array  # int32 scalar
+    mu: Any  # momentum, like the params (in `mu_dtype` if set)
+    nu: Any  # one scalar per parameter leaf, in the parameter's dtype
+
+
+class ScaleByNovograd(AbstractTransform):
+    r"""Rescales updates by NovoGrad: gradients normalized per layer, with momentum.
+
+    For each parameter leaf (layer) with gradient `g`: `v = b2 v + (1 - b2) ||g||^2`
+    (`v = ||g||^2` at the first step), `m = b1 m + g / (sqrt(v + eps_root) + eps) +
+    weight_decay * params` (`m` starts at 0), and the update is `m`. The second moment is one
+    scalar per leaf, so its state costs almost no memory. `update` needs `params`.
+
+    Reference: Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286
+    """
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.25)
+    eps: Any = fields.eps(1e-8)
+    eps_root: Any = fields.eps(0.0)
+    weight_decay: Any = fields.weight_decay(0.0)
+    mu_dtype: Any = fields.dtype()
+
+    def init(self, params):
+        nu = jax.tree_util.tree_map(lambda p: jnp.zeros([], p.dtype), params)
+        mu = zeros_like(params, self.mu_dtype)
+        return ScaleByNovogradState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
+
+    def state_specs(self, params, param_specs):
+        # The momentum is split like its parameter; the per-leaf scalars are replicated.
+        treedef = jax.tree_util.tree_structure(params)
+        specs = treedef.flatten_up_to(param_specs)
+        return ScaleByNovogradState(
+            count=REPLICATED, mu=treedef.unflatten(specs), nu=treedef.unflatten([REPLICATED] * len(specs))
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        _require_params(params, self)
+        count = safe_increment(state.count)
+        weight_decay = value_at(self.weight_decay, state.count)
+        squared_norms = map_updates(lambda g, v: jnp.sum(abs_sq(g)).astype(v.dtype), updates, state.nu)
+        averaged = update_moment(squared_norms, state.nu, self.b2, 1)
+        nu = jax.tree_util.tree_map(lambda s, v: jnp.where(count == 1, s, v), squared_norms, averaged)
+        step = lambda g, v, p: g / (jnp.sqrt(v + self.eps_root) + self.eps) + weight_decay * p  # noqa: E731
+        normalized = map_updates(step, updates, nu, params)
+        # At the first step `mu` is zero, so `b1 * mu + normalized` is `normalized`, as the paper starts it.
+        mu = cast(map_updates(lambda u, m: self.b1 * m + u, normalized, state.mu), self.mu_dtype)
+        return mu, ScaleByNovogradState(count=count, mu=mu, nu=nu)
+
+
+scale_by_novograd = ScaleByNovograd

@@ -1,0 +1,58 @@
+"""Optimistic gradients: the current gradient plus a correction by the previous one."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .._base import AbstractTransform
+from .._fields import NONNEGATIVE, hyperparameter
+from .._trees import map_updates, zeros_like
+
+
+def optimism_coefficient(default: Any = 1.0, **kwargs: Any):
+    """A coefficient of generalized optimistic gradient descent (`alpha` or `beta`), >= 0."""
+    return hyperparameter(default, check=NONNEGATIVE, **kwargs)
+
+
+class ScaleByOptimisticGradientState(NamedTuple):
+    """Whether no step was taken yet, and the gradient of the last step."""
+
+    is_initial_step: jax.Array  # bool scalar
+    previous_gradient: Any  # like the params
+
+
+class ScaleByOptimisticGradient(AbstractTransform):
+    r"""Replaces each gradient `g_t` by the optimistic `(alpha + beta) g_t - beta g_{t-1}`.
+
+    At the first step there is no previous gradient and `g_{t-1} = g_t` is used, so the
+    output is `alpha g_1`. With `alpha = beta = 1` this is optimistic gradient descent,
+    `2 g_t - g_{t-1}`; `beta` is the weight of the negative momentum.
+
+    Args:
+        alpha: weight of the current gradient, >= 0.
+        beta: weight of the change since the previous gradient, >= 0.
+
+    Reference: Mokhtari et al., 2019, https://arxiv.org/abs/1901.08511
+    """
+
+    alpha: Any = optimism_coefficient()
+    beta: Any = optimism_coefficient()
+
+    def init(self, params):
+        return ScaleByOptimisticGradientState(
+            is_initial_step=jnp.array(True), previous_gradient=zeros_like(params)
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        def optimistic(g, previous):
+            previous = jnp.where(state.is_initial_step, g, previous)
+            return (self.alpha + self.beta) * g - self.beta * previous
+
+        new_updates = map_updates(optimistic, updates, state.previous_gradient)
+        return new_updates, ScaleByOptimisticGradientState(jnp.array(False), previous_gradient=updates)
+
+
+scale_by_optimistic_gradient = ScaleByOptimisticGradient

@@ -1,0 +1,193 @@
+"""Rescaling by root mean squares of past gradients: RMSprop's scalings, Adagrad's and Adadelta's."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .._base import AbstractTransform
+from .._fields import static
+from .._moments import bias_correction as debias
+from .._moments import update_moment, update_moment_per_elem_norm
+from .._numerics import safe_increment
+from .. import _shared_fields as fields
+from .._trees import abs_sq, full_like, map_updates, zeros_like
+
+
+class ScaleByRssState(NamedTuple):
+    """The sum of squared gradients to date."""
+
+    sum_of_squares: Any  # like the params
+
+
+class ScaleByRss(AbstractTransform):
+    r"""Rescales updates by the root of the sum of all squared gradients to date (Adagrad).
+
+    `s = s + |g|^2` (starting at `initial_accumulator_value`) and `update = g / sqrt(s + eps)`,
+    or 0 where `s` is 0.
+
+    Reference: Duchi et al., 2011, https://jmlr.org/papers/v12/duchi11a.html
+    """
+
+    initial_accumulator_value: Any = fields.eps(0.1)
+    eps: Any = fields.eps(1e-7)
+
+    def init(self, params):
+        return ScaleByRssState(sum_of_squares=full_like(params, self.initial_accumulator_value))
+
+    def update(self, updates, state, params=None, **extra_args):
+        sum_of_squares = map_updates(lambda g, s: abs_sq(g) + s, updates, state.sum_of_squares)
+        updates = map_updates(
+            lambda g, s: jnp.where(s > 0, jax.lax.rsqrt(s + self.eps), 0.0) * g, updates, sum_of_squares
+        )
+        return updates, ScaleByRssState(sum_of_squares=sum_of_squares)
+
+
+class ScaleByRmsState(NamedTuple):
+    """The moving average of squared gradients (without bias correction)."""
+
+    nu: Any  # like the params
+
+
+class ScaleByRmsWithCountState(NamedTuple):
+    """The step count and moving average of squared gradients (with bias correction)."""
+
+    count: jax.Array  # int32 scalar
+    nu: Any  # like the params
+
+
+class ScaleByRStdDevState(NamedTuple):
+    """The moving averages of gradients and squared gradients (without bias correction)."""
+
+    mu: Any  # like the params
+    nu: Any  # like the params
+
+
+class ScaleByRStdDevWithCountState(NamedTuple):
+    """The step count and moving averages of gradients and squared gradients (with bias correction)."""
+
+    count: jax.Array  # int32 scalar
+    mu: Any  # like the params
+    nu: Any  # like the params
+
+
+def _inverse_root(variance: Any, eps: Any, eps_in_sqrt: bool) -> Any:
+    """`1 / sqrt(variance + eps)`, or `1 / (sqrt(variance) + eps)` with `eps_in_sqrt=False`."""
+    if eps_in_sqrt:
+        return jax.lax.rsqrt(variance + eps)
+    return 1 / (jnp.sqrt(variance) + eps)
+
+
+def _count_and_debias(state: Any, enabled: bool, decay: Any, *moments: Any) -> tuple[Any, list[Any]]:
+    """The next step count and the moments bias-corrected by it, when `enabled`."""
+    if not enabled:
+        return None, list(moments)
+    count = safe_increment(state.count)
+    return count, [debias(m, decay, count) for m in moments]
+
+
+class ScaleByRms(AbstractTransform):
+    r"""Rescales updates by the root of a moving average of squared gradients (RMSprop).
+
+    `v = decay v + (1 - decay) |g|^2`, starting at `initial_scale`, and `update =
+    g / sqrt(v + eps)` (`g / (sqrt(v) + eps)` with `eps_in_sqrt=False`). With
+    `bias_correction=True`, `v` is divided by `1 - decay^t` first and the state counts steps
+    (`ScaleByRmsWithCountState`); `scale_by_rms(b2, eps_in_sqrt=False, bias_correction=True)`
+    is then `scale_by_adam(b1=0, b2=b2)` without a first moment.
+
+    Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
+    """
+
+    decay: Any = fields.decay_rate(0.9)
+    eps: Any = fields.eps(1e-8)
+    initial_scale: Any = fields.eps(0.0)
+    eps_in_sqrt: bool = static(default=True)
+    bias_correction: bool = static(default=False)
+
+    def init(self, params):
+        nu = full_like(params, self.initial_scale)
+        if self.bias_correction:
+            return ScaleByRmsWithCountState(count=jnp.zeros([], jnp.int32), nu=nu)
+        return ScaleByRmsState(nu=nu)
+
+    def update(self, updates, state, params=None, **extra_args):
+        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2)
+        count, (nu_hat,) = _count_and_debias(state, self.bias_correction, self.decay, nu)
+        updates = map_updates(lambda g, v: _inverse_root(v, self.eps, self.eps_in_sqrt) * g, updates, nu_hat)
+        if self.bias_correction:
+            return updates, ScaleByRmsWithCountState(count=count, nu=nu)
+        return updates, ScaleByRmsState(nu=nu)
+
+
+class ScaleByStddev(AbstractTransform):
+    r"""Rescales updates by the root of a centered moving variance of the gradients (centered RMSprop).
+
+    `m = decay m + (1 - decay) g`, `v = decay v + (1 - decay) |g|^2` (starting at
+    `initial_scale`) and `update = g / sqrt(v - |m|^2 + eps)` (`g / (sqrt(v - |m|^2) + eps)`
+    with `eps_in_sqrt=False`). With `bias_correction=True`, `m` and `v` are divided by
+    `1 - decay^t` first and the state counts steps (`ScaleByRStdDevWithCountState`).
+
+    Reference: Graves, 2013, https://arxiv.org/abs/1308.0850
+    """
+
+    decay: Any = fields.decay_rate(0.9)
+    eps: Any = fields.eps(1e-8)
+    initial_scale: Any = fields.eps(0.0)
+    eps_in_sqrt: bool = static(default=True)
+    bias_correction: bool = static(default=False)
+
+    def init(self, params):
+        mu, nu = zeros_like(params), full_like(params, self.initial_scale)
+        if self.bias_correction:
+            return ScaleByRStdDevWithCountState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
+        return ScaleByRStdDevState(mu=mu, nu=nu)
+
+    def update(self, updates, state, params=None, **extra_args):
+        mu = update_moment(updates, state.mu, self.decay, 1)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2)
+        count, (mu_hat, nu_hat) = _count_and_debias(state, self.bias_correction, self.decay, mu, nu)
+        scale = lambda m, v: _inverse_root(v - abs_sq(m), self.eps, self.eps_in_sqrt)  # noqa: E731
+        updates = map_updates(lambda g, m, v: scale(m, v) * g, updates, mu_hat, nu_hat)
+        if self.bias_correction:
+            return updates, ScaleByRStdDevWithCountState(count=count, mu=mu, nu=nu)
+        return updates, ScaleByRStdDevState(mu=mu, nu=nu)
+
+
+class ScaleByAdaDeltaState(NamedTuple):
+    """Adadelta's moving averages of squared gradients and of squared updates."""
+
+    e_g: Any  # like the params
+    e_x: Any  # like the params
+
+
+class ScaleByAdadelta(AbstractTransform):
+    r"""Rescales updates by the ratio of the RMS of past updates to the RMS of past gradients.
+
+    `E[g^2] = rho E[g^2] + (1 - rho) g^2`, `update = sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps) g`
+    (with the previous `E[dx^2]`), then `E[dx^2] = rho E[dx^2] + (1 - rho) update^2`. The
+    units of the update match those of the parameters, so no learning rate is needed.
+
+    Reference: Zeiler, 2012, https://arxiv.org/abs/1212.5701
+    """
+
+    rho: Any = fields.decay_rate(0.9)
+    eps: Any = fields.eps(1e-6)
+
+    def init(self, params):
+        return ScaleByAdaDeltaState(e_g=zeros_like(params), e_x=zeros_like(params))
+
+    def update(self, updates, state, params=None, **extra_args):
+        e_g = update_moment(updates, state.e_g, self.rho, 2)
+        updates = map_updates(
+            lambda g, eg, ex: (jnp.sqrt(ex + self.eps) / jnp.sqrt(eg + self.eps)) * g, updates, e_g, state.e_x
+        )
+        e_x = update_moment(updates, state.e_x, self.rho, 2)
+        return updates, ScaleByAdaDeltaState(e_g=e_g, e_x=e_x)
+
+
+scale_by_rss = ScaleByRss
+scale_by_rms = ScaleByRms
+scale_by_stddev = ScaleByStddev
+scale_by_adadelta = ScaleByAdadelta

@@ -1,0 +1,94 @@
+"""Rprop: per-element step sizes adapted from the sign agreement of successive gradients."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from .._base import AbstractTransform
+from .._fields import NONNEGATIVE, hyperparameter, interval, is_concrete
+from .. import _shared_fields as fields
+from .._trees import full_like, map_updates, zeros_like
+from ._real_only import reject_complex
+
+SHRINK_FACTOR = interval(0, 1, closed_lo=False, closed_hi=True)  # (0, 1]
+GROWTH_FACTOR = interval(1, float("inf"))  # [1, inf)
+
+
+class ScaleByRpropState(NamedTuple):
+    """Rprop's per-element step sizes and the previous step."""
+
+    step_sizes: Any  # like the params
+    prev_updates: Any  # the last step taken, `step_size * sign(g)` (0 after a sign change)
+
+
+class ScaleByRprop(AbstractTransform):
+    r"""Scales updates to `step_size * sign(g)`, with per-element step sizes adapted by Rprop.
+
+    With `s = g * prev` (`prev` the previous step), each element's step size grows to
+    `clip(step_size * eta_plus, min_step_size, max_step_size)` where `s > 0` (the gradient
+    kept its sign), shrinks to `clip(step_size * eta_minus, ...)` where `s < 0` (it changed
+    sign: the last step overshot), and stays where `s = 0`. The output is
+    `step_size * sign(g)`, except 0 where the sign changed, and it is also stored as `prev`,
+    so the step after a sign change never shrinks again (the iRprop- variant).
+
+    The output points along the gradient: negate it to descend (`rprop` does).
+
+    Unlike optax 0.2.8, which emits the previous step (its first step is 0 and every step
+    lags by one; optax PR #1725), this emits the step just computed, as the paper and
+    `torch.optim.Rprop` do. The state holds the same values as optax's.
+
+    Args:
+        learning_rate: the initial step size of every element, >= 0.
+        eta_minus: factor applied to a step size after a sign change, in (0, 1].
+        eta_plus: factor applied to a step size while the sign holds, >= 1.
+        min_step_size: the smallest step size, >= 0.
+        max_step_size: the largest step size, >= `min_step_size`.
+
+    References: Riedmiller & Braun, 1993, https://ieeexplore.ieee.org/document/298623;
+    Igel & Hüsken, 2003, https://doi.org/10.1016/S0925-2312(01)00700-7
+    """
+
+    learning_rate: Any = hyperparameter(check=fields.STEP_SIZE)
+    eta_minus: Any = hyperparameter(0.5, check=SHRINK_FACTOR)
+    eta_plus: Any = hyperparameter(1.2, check=GROWTH_FACTOR)
+    min_step_size: Any = hyperparameter(1e-6, check=NONNEGATIVE)
+    max_step_size: Any = hyperparameter(50.0, check=NONNEGATIVE)
+
+    def __check_init__(self):
+        check_step_size_bounds(self)
+
+    def init(self, params):
+        reject_complex(params, self)
+        step_sizes = full_like(params, self.learning_rate)
+        return ScaleByRpropState(step_sizes=step_sizes, prev_updates=zeros_like(params))
+
+    def update(self, updates, state, params=None, **extra_args):
+        agreement = map_updates(lambda g, prev: g * prev, updates, state.prev_updates)
+
+        def new_step_size(s, step_size):
+            factor = jnp.where(s > 0, self.eta_plus, self.eta_minus)
+            adapted = jnp.clip(step_size * factor, min=self.min_step_size, max=self.max_step_size)
+            return jnp.where(s == 0, step_size, adapted)
+
+        def step(s, g, step_size):
+            return jnp.where(s < 0, jnp.zeros_like(g), step_size * jnp.sign(g))
+
+        step_sizes = map_updates(new_step_size, agreement, state.step_sizes)
+        steps = map_updates(step, agreement, updates, step_sizes)
+        return steps, ScaleByRpropState(step_sizes=step_sizes, prev_updates=steps)
+
+
+def check_step_size_bounds(module: Any) -> None:
+    """`min_step_size <= max_step_size`, where both are concrete."""
+    low, high = module.min_step_size, module.max_step_size
+    if is_concrete(low) and is_concrete(high) and np.any(np.asarray(low) > np.asarray(high)):
+        raise ValueError(
+            f"Invalid step-size bounds: min_step_size={np.asarray(low)} is above "
+            f"max_step_size={np.asarray(high)} in {type(module).__name__}."
+        )
+
+
+scale_by_rprop = ScaleByRprop

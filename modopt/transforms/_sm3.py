@@ -1,0 +1,121 @@
+"""SM3: Adagrad-like scaling with one accumulator per index of each dimension."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from .._base import AbstractTransform
+from .._fields import UNIT
+from .._moments import update_moment
+from .. import _shared_fields as fields
+from .._specs import REPLICATED, padded
+from .._trees import cast_like, zeros_like
+from ._real_only import reject_complex
+
+
+class ScaleBySM3State(NamedTuple):
+    """SM3's accumulators and its momentum."""
+
+    mu: Any  # per parameter, a list of vectors: one per dimension, as long as that dimension
+    nu: Any  # the momentum of the normalized updates, like the params
+
+
+class ScaleBySM3(AbstractTransform):
+    r"""Scales updates by SM3's memory-efficient estimate of the sum of squared gradients.
+
+    A leaf of rank `k` keeps `k` accumulator vectors `a_1..a_k`, `a_i` as long as its `i`-th
+    dimension, instead of a full-size Adagrad accumulator. At each step, for every element
+    `j = (j_1, ..., j_k)`,
+
+        v_j = c * g_j^2 + b2 * min_i a_i[j_i],      c = 1 if b2 == 1 else 1 - b2
+        u_j = g_j / sqrt(v_j + eps)  (0 where v_j == 0)
+        nu  = b1 * nu + (1 - b1) * u
+
+    and each `a_i[n]` becomes the maximum of `v` over the elements with `j_i = n`. The
+    output is `nu`. With `b2 = 1` (the default) `v` is a running sum (SM3-II of the paper);
+    `b2 < 1` makes it an exponential moving average. A vector keeps its full accumulator, and
+    a scalar keeps one number (optax fails on scalar parameters; this is the same rule
+    applied to their single element).
+
+    State: `mu` holds the accumulator vectors, `nu` the momentum. Under sharding, `a_i` is
+    split like dimension `i` of its parameter.
+
+    Args:
+        b1: decay rate of the momentum of the normalized updates, in [0, 1).
+        b2: decay of the squared-gradient accumulators, in [0, 1]; 1 sums them.
+        eps: added to the accumulator under the square root, >= 0.
+
+    Reference: Anil et al., 2019, "Memory-Efficient Adaptive Optimization",
+    https://arxiv.org/abs/1901.11150
+    """
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(1.0, check=UNIT)
+    eps: Any = fields.eps(1e-8)
+
+    def init(self, params):
+        reject_complex(params, self)
+        return ScaleBySM3State(mu=jax.tree_util.tree_map(_zero_accumulators, params), nu=zeros_like(params))
+
+    def update(self, updates, state, params=None, **extra_args):
+        treedef = jax.tree_util.tree_structure(state.nu)
+        grads = treedef.flatten_up_to(updates)
+        accumulators = treedef.flatten_up_to(state.mu)
+        sums = [self._accumulate(g, a) for g, a in zip(grads, accumulators)]
+        normalized = [
+            g * jnp.where(v > 0, jax.lax.rsqrt(v + self.eps), 0.0) for g, v in zip(grads, sums)
+        ]
+        nu = update_moment(treedef.unflatten(normalized), state.nu, self.b1, 1)
+        mu = treedef.unflatten([_reduce_to_accumulators(v) for v in sums])
+        return nu, ScaleBySM3State(mu=cast_like(mu, state.mu), nu=cast_like(nu, state.nu))
+
+    def _accumulate(self, g: jax.Array, accumulators: list[jax.Array]) -> jax.Array:
+        """`c * g^2 + b2 * (the tightest accumulator bound of each element)`."""
+        new_weight = jnp.where(jnp.asarray(self.b2) == 1, 1.0, 1 - self.b2)
+        if g.ndim == 0:
+            previous = accumulators[0]
+        else:
+            previous = functools.reduce(
+                jnp.minimum,
+                [jnp.reshape(a, _along(g.ndim, i, a.shape[0])) for i, a in enumerate(accumulators)],
+            )
+        return new_weight * jnp.square(g) + self.b2 * previous
+
+    def state_specs(self, params, param_specs):
+        # Accumulator `a_i` takes the spec entry of dimension `i`; `nu` follows the parameter.
+        treedef = jax.tree_util.tree_structure(params)
+        specs = treedef.flatten_up_to(param_specs)
+        mu = [_accumulator_specs(p.ndim, spec) for p, spec in zip(treedef.flatten_up_to(params), specs)]
+        return ScaleBySM3State(mu=treedef.unflatten(mu), nu=treedef.unflatten(specs))
+
+
+def _along(ndim: int, axis: int, size: int) -> tuple[int, ...]:
+    """The shape that lays a vector of `size` along `axis` of a rank-`ndim` array."""
+    return (1,) * axis + (size,) + (1,) * (ndim - axis - 1)
+
+
+def _zero_accumulators(p: Any) -> list[jax.Array]:
+    if p.ndim == 0:
+        return [jnp.zeros((), p.dtype)]
+    return [jnp.zeros((n,), p.dtype) for n in p.shape]
+
+
+def _reduce_to_accumulators(v: jax.Array) -> list[jax.Array]:
+    """Each dimension's accumulator: the maximum of `v` over all the other dimensions."""
+    if v.ndim < 2:
+        return [v]
+    return [jnp.max(v, axis=tuple(j for j in range(v.ndim) if j != i)) for i in range(v.ndim)]
+
+
+def _accumulator_specs(ndim: int, spec: PartitionSpec) -> list[PartitionSpec]:
+    if ndim == 0:
+        return [REPLICATED]
+    return [PartitionSpec(entry) for entry in padded(spec, ndim)]
+
+
+scale_by_sm3 = ScaleBySM3

@@ -123,6 +123,13 @@ class AbstractComposite(AbstractTransform):
     def build(self) -> AbstractTransform:
         """The composition this transform stands for."""
 
+    def __check_init__(self):
+        # Its own fields first (errors name them as the caller wrote them); then building
+        # validates the parts, so a check across fields (say `min <= max`) that a part makes
+        # is written once, there, and still fails at construction.
+        validate_hyperparameters(self)
+        self.build()
+
     def init(self, params):
         return self.build().init(params)
 
@@ -160,6 +167,15 @@ class AbstractWrapper(AbstractTransform):
 def inner_transform(**kwargs: Any):
     """The field of a wrapper's inner transform: a modopt transform, or an optax one wrapped."""
     return eqx.field(converter=lambda tx: as_transform(tx, "the wrapped transform"), **kwargs)
+
+
+def require_params(params: Params, transform: Any) -> None:
+    """Raises a clear error when a transform that needs the parameters is called without them."""
+    if params is None:
+        raise ValueError(
+            f"{type(transform).__name__}.update needs the current parameters: call "
+            "`update(updates, state, params)`."
+        )
 
 
 def init_empty_state(params: Params) -> EmptyState:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from ._trees import is_none
 
+
 def _children(tree: Any) -> list[tuple[str, Any]]:
     """The direct children of a pytree node, with their path suffixes."""
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 _CHECK = "modopt_check"  # metadata key: the field is a hyperparameter, with this `Check` (or None)
+_CHOICES = "modopt_choices"  # metadata key: the values a static field may take
 _KIND = "modopt_kind"  # metadata key: what a hyperparameter accepts (see `_KINDS`)
 _KINDS = {
     "number": "a number",
@@ -195,6 +196,13 @@ def static(default: Any = dataclasses.MISSING, **kwargs):
     return eqx.field(default=default, static=True, **kwargs)
 
 
+def choice(default: Any, options: tuple[Any, ...], **kwargs):
+    """A static field taking one of `options` (a mode, a variant), validated at construction."""
+    metadata = dict(kwargs.pop("metadata", {}))
+    metadata[_CHOICES] = tuple(options)
+    return static(default, metadata=metadata, **kwargs)
+
+
 def as_key(value: Any) -> jax.Array:
     """A typed PRNG key from a seed (int), a typed key, or raw `uint32` key data."""
     if isinstance(value, (bool, np.bool_)) or value is None:
@@ -257,9 +265,15 @@ def validate_hyperparameters(module: eqx.Module) -> None:
 
     Checks, for every hyperparameter field, that the value is of an accepted kind (a number,
     a schedule, `None` only where `None` is the default), and a concrete number passes the
-    field's `Check`. Traced values (inside `jit`) cannot be inspected and are skipped.
+    field's `Check`; and that every `choice` field holds one of its options. Traced values
+    (inside `jit`) cannot be inspected and are skipped.
     """
     for f in dataclasses.fields(module):
+        if _CHOICES in f.metadata and getattr(module, f.name) not in f.metadata[_CHOICES]:
+            options = ", ".join(map(repr, f.metadata[_CHOICES]))
+            raise ValueError(
+                f"Invalid {f.name}: {getattr(module, f.name)!r} (must be one of {options}) in {type(module).__name__}."
+            )
         if _KIND not in f.metadata:
             continue
         value, kind, check = getattr(module, f.name), f.metadata[_KIND], f.metadata[_CHECK]

@@ -2,10 +2,10 @@
 
 import re
 import signal
-
-import numpy as np
 import subprocess
 import sys
+
+import numpy as np
 
 from modopt.examples import digits
 

@@ -12,9 +12,9 @@ import optax
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
+from registry import ENTRIES, Entry
 
 import modopt
-from registry import ENTRIES, Entry
 
 STEPS = 5
 SHAPES = {"matrix": (3, 5), "vector": (5,), "scalar": (), "cube": (2, 3, 4), "big": (130, 136)}

@@ -6,10 +6,6 @@ from ._adam import Adam as Adam
 from ._adam import AdamW as AdamW
 from ._adam import adam as adam
 from ._adam import adamw as adamw
-from ._sgd import Sgd as Sgd
-from ._sgd import sgd as sgd
-
-# Adaptive family.
 from ._adam import nadam as nadam
 from ._adam import nadamw as nadamw
 from ._adaptive import AdaBelief as AdaBelief
@@ -36,8 +32,6 @@ from ._adaptive import novograd as novograd
 from ._adaptive import radam as radam
 from ._adaptive import rmsprop as rmsprop
 from ._adaptive import yogi as yogi
-
-# Layer-wise, normalizing, clipping and constraining family.
 from ._layerwise import Fromage as Fromage
 from ._layerwise import Lamb as Lamb
 from ._layerwise import Lars as Lars
@@ -46,8 +40,8 @@ from ._layerwise import fromage as fromage
 from ._layerwise import lamb as lamb
 from ._layerwise import lars as lars
 from ._layerwise import sign_sgd as sign_sgd
-
-# Special family (SM3, Rprop, Polyak, optimistic gradients, noise).
+from ._sgd import Sgd as Sgd
+from ._sgd import sgd as sgd
 from ._special import NoisySgd as NoisySgd
 from ._special import OptimisticAdam as OptimisticAdam
 from ._special import OptimisticAdamV2 as OptimisticAdamV2

@@ -6,9 +6,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from .. import _shared_fields as fields
 from .._base import AbstractComposite
 from .._fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
-from .. import _shared_fields as fields
 from ..combinators import Chain
 from ..transforms import (
     AddDecayedWeights,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _shared_fields as fields
 from .._base import AbstractComposite
 from .._fields import static
-from .. import _shared_fields as fields
 from ..combinators import Chain
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._base import AbstractComposite, AbstractTransform
-from .._fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
 from .. import _shared_fields as fields
+from .._base import AbstractComposite, AbstractTransform
+from .._fields import NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, static
 from ..combinators import Chain
-from ..transforms._lion import check_mode
 from ..transforms import (
     AddDecayedWeights,
     Identity,
@@ -33,6 +32,7 @@ from ..transforms import (
     ScaleByYogi,
     Trace,
 )
+from ..transforms._lion import MODES
 
 
 def _descent(scaling: AbstractTransform, learning_rate: Any, weight_decay: Any = None, mask: Any = None):
@@ -217,11 +217,8 @@ class Lion(AbstractComposite):
     mu_dtype: Any = fields.dtype()
     weight_decay: Any = fields.weight_decay(1e-3)
     mask: Any = fields.mask()
-    mode: str = static(default="hard", kw_only=True)
+    mode: str = choice("hard", MODES, kw_only=True)
     smooth_beta: Any = hyperparameter(1.0, check=POSITIVE, kw_only=True)
-
-    def __check_init__(self):
-        check_mode(self.mode, self)
 
     def build(self):
         lion = ScaleByLion(self.b1, self.b2, self.mu_dtype, mode=self.mode, smooth_beta=self.smooth_beta)

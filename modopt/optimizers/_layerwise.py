@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
 
+from .. import _shared_fields as fields
 from .._base import AbstractComposite
 from .._fields import NONNEGATIVE, hyperparameter, static
-from .. import _shared_fields as fields
 from ..combinators import Chain, Masked
-from ..schedules._base import AbstractSchedule, is_schedule
+from ..schedules._base import MappedSchedule, is_schedule
 from ..transforms import (
     AddDecayedWeights,
     ScaleByAdam,
@@ -106,16 +105,6 @@ def _fromage_shrink(learning_rate: Any) -> Any:
     return -(learning_rate**2) / (root * (1 + root))
 
 
-class _MappedSchedule(AbstractSchedule):
-    """`fn(schedule(count))`: a function of a scheduled value, itself a schedule."""
-
-    schedule: AbstractSchedule
-    fn: Callable[[Any], Any] = static()
-
-    def __call__(self, count):
-        return self.fn(self.schedule(count))
-
-
 class Fromage(AbstractComposite):
     r"""Fromage: steps of a fixed size relative to each layer's norm, then a shrink.
 
@@ -137,8 +126,8 @@ class Fromage(AbstractComposite):
 
     def build(self):
         if is_schedule(self.learning_rate):
-            step = _MappedSchedule(self.learning_rate, _fromage_step)
-            shrink = _MappedSchedule(self.learning_rate, _fromage_shrink)
+            step = MappedSchedule(self.learning_rate, _fromage_step)
+            shrink = MappedSchedule(self.learning_rate, _fromage_shrink)
         else:
             step, shrink = _fromage_step(self.learning_rate), _fromage_shrink(self.learning_rate)
         return Chain(ScaleByTrustRatio(self.min_norm), ScaleByLearningRate(step), AddDecayedWeights(shrink))

@@ -6,16 +6,16 @@ from typing import Any, ClassVar
 
 import jax
 
+from .. import _shared_fields as fields
 from .._base import AbstractComposite
 from .._extra_args import ExtraArg
-from .._fields import FINITE, NONNEGATIVE, hyperparameter, prng_key, static
-from .. import _shared_fields as fields
+from .._fields import FINITE, NONNEGATIVE, choice, hyperparameter, prng_key, static
 from ..combinators import Chain
-from ..transforms import ScaleByAdam, ScaleByLearningRate, Scale
+from ..transforms import Scale, ScaleByAdam, ScaleByLearningRate
 from ..transforms._noise import AddNoise, key_or_seed, noise_decay, noise_variance
 from ..transforms._optimistic import ScaleByOptimisticGradient, optimism_coefficient
-from ..transforms._polyak import READS_VALUE, ScaleByPolyak, check_variant
-from ..transforms._rprop import GROWTH_FACTOR, SHRINK_FACTOR, ScaleByRprop, check_step_size_bounds
+from ..transforms._polyak import READS_VALUE, VARIANTS, ScaleByPolyak
+from ..transforms._rprop import GROWTH_FACTOR, SHRINK_FACTOR, ScaleByRprop
 from ..transforms._sm3 import ScaleBySM3
 from ._sgd import Sgd
 
@@ -74,9 +74,6 @@ class Rprop(AbstractComposite):
     min_step_size: Any = hyperparameter(1e-6, check=NONNEGATIVE)
     max_step_size: Any = hyperparameter(50.0, check=NONNEGATIVE)
 
-    def __check_init__(self):
-        check_step_size_bounds(self)
-
     def build(self):
         rprop = ScaleByRprop(
             self.learning_rate, self.eta_minus, self.eta_plus, self.min_step_size, self.max_step_size
@@ -117,10 +114,7 @@ class PolyakSgd(AbstractComposite):
     scaling: Any = fields.learning_rate(1.0)
     f_min: Any = hyperparameter(0.0, check=FINITE)
     eps: Any = hyperparameter(0.0, check=NONNEGATIVE)
-    variant: str = static(default="sps")
-
-    def __check_init__(self):
-        check_variant(self)
+    variant: str = choice("sps", VARIANTS)
 
     def build(self):
         polyak = ScaleByPolyak(self.f_min, self.max_learning_rate, self.eps, self.variant)

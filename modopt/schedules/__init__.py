@@ -2,6 +2,7 @@
 
 from ._base import AbstractSchedule as AbstractSchedule
 from ._base import FunctionSchedule as FunctionSchedule
+from ._base import MappedSchedule as MappedSchedule
 from ._base import as_schedule as as_schedule
 from ._base import scalar_or_schedule as scalar_or_schedule
 from ._schedules import ConstantSchedule as ConstantSchedule

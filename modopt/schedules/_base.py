@@ -10,7 +10,15 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._fields import Check, as_hyperparameter, hyperparameter, pretty, static, tree_hash, validate_hyperparameters
+from .._fields import (
+    Check,
+    as_hyperparameter,
+    hyperparameter,
+    pretty,
+    static,
+    tree_hash,
+    validate_hyperparameters,
+)
 
 
 class AbstractSchedule(eqx.Module):
@@ -45,6 +53,20 @@ class FunctionSchedule(AbstractSchedule):
 
     def __call__(self, count):
         return self.fn(count)
+
+
+class MappedSchedule(AbstractSchedule):
+    """`fn(schedule(count))`: a function of a scheduled value, itself a schedule.
+
+    `fn` is code, so it is static: use a module-level function (or `operator.neg`), not a
+    new lambda per call, or every rebuilt transform retraces.
+    """
+
+    schedule: AbstractSchedule
+    fn: Callable[[Any], Any] = static()
+
+    def __call__(self, count):
+        return self.fn(self.schedule(count))
 
 
 def as_schedule(value: Any) -> Any:

@@ -7,11 +7,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .. import _shared_fields as fields
 from .._base import AbstractTransform
 from .._fields import UNIT, static
 from .._moments import bias_correction, update_moment
 from .._numerics import safe_increment
-from .. import _shared_fields as fields
 from .._trees import cast, map_updates, zeros_like
 
 

@@ -7,11 +7,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .. import _shared_fields as fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter, static
 from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
 from .._numerics import safe_increment
-from .. import _shared_fields as fields
 from .._trees import abs_sq, full_like, map_updates, select, zeros_like
 from ._adam import ScaleByAdamState, debiased_mu, moment_ratio
 

@@ -9,12 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base import AbstractTransform, EmptyState, init_empty_state
+from .. import _shared_fields as fields
+from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
 from .._fields import NONNEGATIVE, POSITIVE, Check, hyperparameter, is_concrete, static
 from .._numerics import abs_sq, global_norm
-from .. import _shared_fields as fields
 from .._trees import map_updates
-from ._scale import _require_params
 
 
 class Clip(AbstractTransform):
@@ -94,7 +93,7 @@ class AdaptiveGradClip(AbstractTransform):
         return init_empty_state(params)
 
     def update(self, updates, state, params=None, **extra_args):
-        _require_params(params, self)
+        require_params(params, self)
         for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
             _unit_axes(jnp.shape(p), self.axis, jax.tree_util.keystr(path))
 

@@ -7,10 +7,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, EmptyState, init_empty_state
+from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
 from .._specs import REPLICATED
 from .._trees import is_none, map_updates
-from ._scale import _require_params
 
 
 class KeepParamsNonnegative(AbstractTransform):
@@ -24,7 +23,7 @@ class KeepParamsNonnegative(AbstractTransform):
         return init_empty_state(params)
 
     def update(self, updates, state, params=None, **extra_args):
-        _require_params(params, self)
+        require_params(params, self)
 
         def clamp(u, p):
             return None if p is None else jnp.where(p + u < 0.0, -p, u)

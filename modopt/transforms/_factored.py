@@ -9,11 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base import AbstractTransform
+from .._base import AbstractTransform, require_params
 from .._fields import NONNEGATIVE, UNIT, hyperparameter, static
 from .._numerics import abs_sq, safe_increment
 from .._specs import REPLICATED, drop_axis
-from ._scale import _require_params
 
 
 def decay_rate_pow(step: jax.Array, exponent: Any = 0.8) -> jax.Array:
@@ -100,7 +99,7 @@ class ScaleByFactoredRms(AbstractTransform):
         return _factored_state(REPLICATED, treedef, stats)
 
     def update(self, updates, state, params=None, **extra_args):
-        _require_params(params, self)
+        require_params(params, self)
         decay = self.decay_rate_fn(state.count - self.step_offset, self.decay_rate)
 
         def one(g, v_row, v_col, v, p):

@@ -9,12 +9,11 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, EmptyState, init_empty_state
+from .. import _shared_fields as fields
+from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
 from .._fields import FINITE, NONNEGATIVE, hyperparameter
 from .._numerics import global_norm, safe_norm
-from .. import _shared_fields as fields
 from .._trees import map_updates
-from ._scale import _require_params
 
 
 class ScaleByTrustRatio(AbstractTransform):
@@ -38,7 +37,7 @@ class ScaleByTrustRatio(AbstractTransform):
         return init_empty_state(params)
 
     def update(self, updates, state, params=None, **extra_args):
-        _require_params(params, self)
+        require_params(params, self)
 
         def rescale(u, p):
             param_norm = safe_norm(p, self.min_norm)

@@ -7,21 +7,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .. import _shared_fields as fields
 from .._base import AbstractTransform
-from .._fields import POSITIVE, UNIT, hyperparameter, static
+from .._fields import POSITIVE, UNIT, choice, hyperparameter
 from .._moments import update_moment
 from .._numerics import safe_increment
-from .. import _shared_fields as fields
 from .._trees import cast, map_updates, zeros_like
 
-_MODES = ("hard", "smooth", "refined")
-
-
-def check_mode(mode: str, owner: object) -> None:
-    """Raises a `ValueError` naming `owner`'s class unless `mode` is one of Lion's sign functions."""
-    if mode not in _MODES:
-        modes = ", ".join(map(repr, _MODES))
-        raise ValueError(f"Invalid mode: {mode!r} (must be one of {modes}) in {type(owner).__name__}.")
+MODES = ("hard", "smooth", "refined")
 
 
 class ScaleByLionState(NamedTuple):
@@ -45,11 +38,9 @@ class ScaleByLion(AbstractTransform):
     b1: Any = fields.decay_rate(0.9, check=UNIT)  # an interpolation weight: 1 is allowed
     b2: Any = fields.decay_rate(0.99)
     mu_dtype: Any = fields.dtype()
-    mode: str = static(default="hard", kw_only=True)
+    mode: str = choice("hard", MODES, kw_only=True)
     smooth_beta: Any = hyperparameter(1.0, check=POSITIVE, kw_only=True)
 
-    def __check_init__(self):
-        check_mode(self.mode, self)
 
     def _sign(self, c: jax.Array) -> jax.Array:
         if self.mode == "smooth":

@@ -7,14 +7,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform
+from .. import _shared_fields as fields
+from .._base import AbstractTransform, require_params
 from .._moments import update_moment
 from .._numerics import safe_increment
-from .. import _shared_fields as fields
 from .._specs import REPLICATED
 from .._trees import abs_sq, cast, map_updates, zeros_like
 from ..schedules._base import value_at
-from ._scale import _require_params
 
 
 class ScaleByNovogradState(NamedTuple):
@@ -57,7 +56,7 @@ class ScaleByNovograd(AbstractTransform):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        _require_params(params, self)
+        require_params(params, self)
         count = safe_increment(state.count)
         weight_decay = value_at(self.weight_decay, state.count)
         squared_norms = map_updates(lambda g, v: jnp.sum(abs_sq(g)).astype(v.dtype), updates, state.nu)

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._base import AbstractTransform, init_empty_state
 from .._extra_args import ExtraArg, extra_arg
-from .._fields import FINITE, NONNEGATIVE, hyperparameter, static
+from .._fields import FINITE, NONNEGATIVE, choice, hyperparameter
 from .._trees import sum_of_squares
 
 VARIANTS = ("sps", "sps+")
@@ -46,10 +46,7 @@ class ScaleByPolyak(AbstractTransform):
     f_min: Any = hyperparameter(0.0, check=FINITE)
     max_learning_rate: Any = hyperparameter(1.0, check=NONNEGATIVE)
     eps: Any = hyperparameter(0.0, check=NONNEGATIVE)
-    variant: str = static(default="sps")
-
-    def __check_init__(self):
-        check_variant(self)
+    variant: str = choice("sps", VARIANTS)
 
     def init(self, params):
         return init_empty_state(params)
@@ -63,14 +60,6 @@ class ScaleByPolyak(AbstractTransform):
         denominator = squared_norm + self.eps
         step = jnp.where(denominator <= _TINY, 0.0, jnp.minimum(gap / denominator, self.max_learning_rate))
         return jax.tree_util.tree_map(lambda u: step * u, updates), state
-
-
-def check_variant(module: Any) -> None:
-    if module.variant not in VARIANTS:
-        raise ValueError(
-            f"Invalid variant: {module.variant!r} (must be one of {', '.join(map(repr, VARIANTS))}) in "
-            f"{type(module).__name__}."
-        )
 
 
 scale_by_polyak = ScaleByPolyak

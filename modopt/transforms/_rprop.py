@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _shared_fields as fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter, interval, is_concrete
-from .. import _shared_fields as fields
 from .._trees import full_like, map_updates, zeros_like
 from ._real_only import reject_complex
 

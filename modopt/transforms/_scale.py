@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractComposite, AbstractTransform, EmptyState, init_empty_state
+from .. import _shared_fields as fields
+from .._base import AbstractComposite, AbstractTransform, EmptyState, init_empty_state, require_params
 from .._fields import NONNEGATIVE, hyperparameter, static
 from .._numerics import safe_increment, safe_norm, safe_root_mean_squares
-from .. import _shared_fields as fields
 from .._trees import map_updates
-from ..schedules._base import AbstractSchedule, is_schedule, scalar_or_schedule
+from ..schedules._base import AbstractSchedule, MappedSchedule, is_schedule, scalar_or_schedule
 from ._stateless import Identity
 
 
@@ -48,16 +49,6 @@ class ScaleBySchedule(AbstractTransform):
         return updates, ScaleByScheduleState(count=safe_increment(state.count))
 
 
-class _Signed(AbstractSchedule):
-    """`sign * schedule(count)`."""
-
-    schedule: AbstractSchedule
-    sign: int = static()
-
-    def __call__(self, count):
-        return self.sign * self.schedule(count)
-
-
 class ScaleByLearningRate(AbstractComposite):
     """Multiplies updates by `-learning_rate` (or `+learning_rate` with `flip_sign=False`).
 
@@ -68,12 +59,12 @@ class ScaleByLearningRate(AbstractComposite):
     flip_sign: bool = static(default=True, kw_only=True)
 
     def build(self):
-        sign = -1 if self.flip_sign else 1
         if self.learning_rate is None:
             return Identity()
         if is_schedule(self.learning_rate):
-            return ScaleBySchedule(_Signed(self.learning_rate, sign))
-        return Scale(sign * self.learning_rate)
+            flipped = MappedSchedule(self.learning_rate, operator.neg) if self.flip_sign else self.learning_rate
+            return ScaleBySchedule(flipped)
+        return Scale(-self.learning_rate if self.flip_sign else self.learning_rate)
 
 
 class ScaleByParamBlockNorm(AbstractTransform):
@@ -112,16 +103,8 @@ class ScaleByParamBlockRms(AbstractTransform):
 
 def _scale_by_param_statistic(updates: Any, params: Any, transform: Any, statistic: Any) -> Any:
     """`update * statistic(param)` leaf by leaf (`None` updates stay `None`)."""
-    _require_params(params, transform)
+    require_params(params, transform)
     return map_updates(lambda u, p: u * statistic(p), updates, params)
-
-
-def _require_params(params: Any, transform: Any) -> None:
-    if params is None:
-        raise ValueError(
-            f"{type(transform).__name__}.update needs the current parameters: call "
-            "`update(updates, state, params)`."
-        )
 
 
 scale = Scale

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from .. import _shared_fields as fields
 from .._base import AbstractTransform
 from .._fields import UNIT
 from .._moments import update_moment
-from .. import _shared_fields as fields
 from .._specs import REPLICATED, padded
 from .._trees import cast_like, zeros_like
 from ._real_only import reject_complex

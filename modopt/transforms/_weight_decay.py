@@ -7,13 +7,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, EmptyState
-from .._numerics import safe_increment
 from .. import _shared_fields as fields
+from .._base import AbstractTransform, EmptyState, require_params
+from .._numerics import safe_increment
 from .._trees import map_updates
 from ..combinators._masked import Masked
 from ..schedules._base import is_schedule
-from ._scale import _require_params
 
 
 class WeightDecaySchedule(NamedTuple):
@@ -48,7 +47,7 @@ class AddDecayedWeights(AbstractTransform):
     def update(self, updates, state, params=None, **extra_args):
         if self.mask is not None:
             return self._as_masked().update(updates, state, params, **extra_args)
-        _require_params(params, self)
+        require_params(params, self)
         if is_schedule(self.weight_decay):
             decay = self.weight_decay(state.count)
             state = WeightDecaySchedule(count=safe_increment(state.count))
@@ -59,3 +58,4 @@ class AddDecayedWeights(AbstractTransform):
 
 
 add_decayed_weights = AddDecayedWeights
+AddDecayedWeightsState = EmptyState  # the state of a constant weight decay, named as in optax

@@ -10,6 +10,7 @@ import modopt
 
 from ._entry import LABELS, MASK, Entry
 
+
 def _schedule():
     return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
 

@@ -6,6 +6,7 @@ protocol). `modopt.Optimizer` wraps one with its state for `optimizer.step(model
 """
 
 from . import combinators as combinators
+from . import fields as fields
 from . import optimizers as optimizers
 from . import schedules as schedules
 from . import sharding as sharding

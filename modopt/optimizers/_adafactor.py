@@ -6,7 +6,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractComposite
 from .._fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
 from ..combinators import Chain

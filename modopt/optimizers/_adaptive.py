@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, static
 from ..combinators import Chain

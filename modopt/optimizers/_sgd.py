@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractComposite
 from .._fields import static
 from ..combinators import Chain

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import jax
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractComposite
 from .._extra_args import ExtraArg
 from .._fields import FINITE, NONNEGATIVE, choice, hyperparameter, prng_key, static

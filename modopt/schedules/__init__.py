@@ -3,6 +3,8 @@
 from ._base import AbstractSchedule as AbstractSchedule
 from ._base import FunctionSchedule as FunctionSchedule
 from ._base import MappedSchedule as MappedSchedule
+from ._base import ScalarOrSchedule as ScalarOrSchedule
+from ._base import Schedule as Schedule
 from ._base import as_schedule as as_schedule
 from ._base import scalar_or_schedule as scalar_or_schedule
 from ._schedules import ConstantSchedule as ConstantSchedule

@@ -21,6 +21,10 @@ from .._fields import (
 )
 
 
+Schedule = Callable[[Any], Any]  # a function of the step count, e.g. an `AbstractSchedule`
+ScalarOrSchedule = Any  # a number or a `Schedule`
+
+
 class AbstractSchedule(eqx.Module):
     """A function of the step count whose numeric parameters are array leaves.
 

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractTransform
 from .._fields import static
 from .._moments import bias_correction, update_infinity_moment, update_moment, update_moment_per_elem_norm

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
 from .._fields import NONNEGATIVE, POSITIVE, Check, hyperparameter, is_concrete, static
 from .._numerics import abs_sq, global_norm

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
 from .._fields import FINITE, NONNEGATIVE, hyperparameter
 from .._numerics import global_norm, safe_norm

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractTransform
 from .._fields import POSITIVE, UNIT, choice, hyperparameter
 from .._moments import update_moment

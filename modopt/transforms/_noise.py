@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, as_key, hyperparameter, prng_key
 from .._numerics import safe_increment
-from .._shared_fields import MISSING
+from ..fields import MISSING
 
 
 def noise_variance(default: Any = MISSING, **kwargs: Any):

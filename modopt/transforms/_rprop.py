@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter, interval, is_concrete
 from .._trees import full_like, map_updates, zeros_like

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractComposite, AbstractTransform, EmptyState, init_empty_state, require_params
 from .._fields import NONNEGATIVE, hyperparameter, static
 from .._numerics import safe_increment, safe_norm, safe_root_mean_squares

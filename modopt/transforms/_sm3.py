@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractTransform
 from .._fields import UNIT
 from .._moments import update_moment

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import _shared_fields as fields
+from .. import fields
 from .._base import AbstractTransform, EmptyState, require_params
 from .._numerics import safe_increment
 from .._trees import map_updates

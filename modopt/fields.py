@@ -1,13 +1,15 @@
-"""Field factories for the hyperparameters many transforms share, declared once.
+"""Field declarations for transforms and schedules: `from modopt import fields`.
 
-A transform and the named optimizers built on it declare `learning_rate`, `b1`, `eps`,
-`weight_decay`, masks and dtypes with these, so the checks and conversions of a concept live
-in one place:
+The kinds of field (`hyperparameter`, `rate`, `static`, `choice`, `prng_key`,
+`scalar_or_schedule`) with their checks, and factories for the hyperparameters many transforms
+share, so the checks and conversions of a concept live in one place. A transform and the named
+optimizers built on it declare `learning_rate`, `b1`, `eps`, `weight_decay`, masks and dtypes
+with these:
 
     class Adam(AbstractComposite):
-        learning_rate: Any = learning_rate()
-        b1: Any = decay_rate(0.9)
-        eps: Any = eps(1e-8)
+        learning_rate: Any = fields.learning_rate()
+        b1: Any = fields.decay_rate(0.9)
+        eps: Any = fields.eps(1e-8)
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from ._fields import (
-    NONNEGATIVE,
-    PROBABILITY_EXCLUSIVE,
-    UNIT,
-    Check,
-    as_static_tree,
-    canonical_dtype,
-    hyperparameter,
-    rate,
-    static,
-)
-from .schedules._base import scalar_or_schedule
+from ._fields import FINITE as FINITE
+from ._fields import NONNEGATIVE as NONNEGATIVE
+from ._fields import POSITIVE as POSITIVE
+from ._fields import PROBABILITY_EXCLUSIVE as PROBABILITY_EXCLUSIVE
+from ._fields import UNIT as UNIT
+from ._fields import Check as Check
+from ._fields import as_static_tree, canonical_dtype
+from ._fields import choice as choice
+from ._fields import hyperparameter as hyperparameter
+from ._fields import interval as interval
+from ._fields import prng_key as prng_key
+from ._fields import rate as rate
+from ._fields import static as static
+from .schedules._base import scalar_or_schedule as scalar_or_schedule
 
 MISSING: Any = dataclasses.MISSING
 STEP_SIZE = Check(">= 0 and finite", lambda v: bool(np.all((v >= 0) & np.isfinite(v))))

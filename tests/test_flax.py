@@ -17,6 +17,7 @@ from flax import nnx
 from flax.training import train_state as flax_train_state
 from modopt.integrations.flax import NnxOptimizer, TrainState
 from modopt.integrations.orbax import CheckpointManager
+from testing_transforms import ScaleByValueFn
 
 import modopt
 from modopt import ExtraArg
@@ -177,19 +178,6 @@ def test_readme_flax_example_runs(capsys):
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     exec(compile(code, "README.md", "exec"), {})
     assert "1e-04" in capsys.readouterr().out
-
-
-class ScaleByValueFn(modopt.AbstractTransform):
-    """Descends along the gradient scaled by `value_fn(params)`."""
-
-    extra_args_spec = (ExtraArg("value_fn", "the loss as a function of the parameters", of_params=True),)
-
-    def init(self, params):
-        return modopt.EmptyState()
-
-    def update(self, updates, state, params=None, **extra_args):
-        factor = modopt.extra_arg(extra_args, "value_fn", self)(params)
-        return jax.tree.map(lambda g: -factor * g, updates), state
 
 
 def test_value_fn_takes_the_params_in_linen_and_the_model_in_nnx():

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from testing_transforms import ScaleByValueFn
 
 import modopt
 
@@ -206,19 +207,6 @@ def test_set_schedule_on_number_is_a_clear_error():
     optimizer = modopt.Optimizer(modopt.adam(1e-3), {"w": jnp.ones(3)})
     with pytest.raises(ValueError, match="learning_rate was given as a number when the optimizer was made"):
         optimizer.set(learning_rate=modopt.cosine_decay_schedule(1e-2, 100))
-
-
-class ScaleByValueFn(modopt.AbstractTransform):
-    """Test transform: scales updates by `value_fn(params)`, a function of the parameters."""
-
-    extra_args_spec = (modopt.ExtraArg("value_fn", "the loss as a function of the parameters", of_params=True),)
-
-    def init(self, params):
-        return modopt.EmptyState()
-
-    def update(self, updates, state, params=None, **extra_args):
-        factor = modopt.extra_arg(extra_args, "value_fn", self)(params)
-        return jax.tree.map(lambda g: -factor * g, updates), state
 
 
 def test_value_fn_takes_the_model_and_extra_arguments_are_checked():

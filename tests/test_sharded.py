@@ -45,8 +45,9 @@ def test_registry_entries_sharded_and_zero(names):
 
 
 def test_registry_entries_on_explicit_axes():
-    """The same on a mesh with Explicit axes, where every array's sharding is typed."""
-    names = ["adam", "adafactor_full", "partition", "clip_by_global_norm"]
+    """The same on a mesh with Explicit axes, where every array's sharding is typed (a typed
+    PRNG key in the state included: noisy_sgd)."""
+    names = ["adam", "adafactor_full", "partition", "clip_by_global_norm", "noisy_sgd"]
     output = run_worker("registry_explicit", *names)
     for name in names:
         assert f"ok {name} explicit" in output

@@ -225,3 +225,27 @@ def test_a_wrapper_places_its_state_by_shape_and_its_inner_state_by_the_inner_ru
     assert found.calls == P() and found.last == specs
     assert found.inner_state == modopt.scale_by_factored_rms(min_dim_size_to_factor=1).state_specs(params, specs)
     assert found.inner_state.v_row["w"] == P("model")  # the factored rule (the generic one would replicate it)
+
+
+def test_safe_increment_under_jit_on_uint64_with_x64():
+    """With 64-bit types on (set before jax starts, hence a subprocess), a uint64 counter
+    saturates at 2**64 - 1 under jit."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import jax, jax.numpy as jnp, modopt\n"
+        "top = jnp.iinfo(jnp.uint64).max\n"
+        "step = jax.jit(modopt.safe_increment)\n"
+        "assert int(step(jnp.asarray(top - 1, jnp.uint64))) == int(top)\n"
+        "assert int(step(jnp.asarray(top, jnp.uint64))) == int(top)\n"
+        "assert step(jnp.asarray(0, jnp.uint64)).dtype == jnp.uint64\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env={**os.environ, "JAX_ENABLE_X64": "1"})
+    assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_typed_keys_print():
+    assert "key<fry>[]" in repr(modopt.noisy_sgd(0.1))

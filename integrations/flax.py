@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import modopt
 from modopt._base import owned_transform
-from modopt._extra_args import adapt_functions, check_extra_args
+from modopt._extra_args import adapt_to_params, check_extra_args
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
@@ -138,7 +138,8 @@ class NnxOptimizer(nnx.Pytree):
         declared = check_extra_args(tx, extra_args, "NnxOptimizer.update")
         graphdef, params, rest = nnx.split(model, self.wrt, ...)
         to_model = lambda p: nnx.merge(graphdef, p, rest)  # noqa: E731
-        extra_args = adapt_functions(declared, nnx.as_pure(extra_args), to_model)
+        to_params = lambda tree: nnx.as_pure(nnx.state(tree, self.wrt))  # noqa: E731
+        extra_args = adapt_to_params(declared, nnx.as_pure(extra_args), to_model, to_params)
         params = nnx.as_pure(params)
         grads = nnx.as_pure(nnx.state(grads, self.wrt))
         opt_state = nnx.as_pure(self.opt_state)

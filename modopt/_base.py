@@ -94,6 +94,19 @@ class AbstractTransform(eqx.Module):
         """
         return follow_params(jax.eval_shape(self.init, params), params, param_specs, type(self).__name__)
 
+    def learning_rates(self, state: OptState) -> dict[str, Any]:
+        """The learning rates the next `update` will apply, read from `state`, by name.
+
+        Empty for a transform that applies none. A transform that scales by a learning rate
+        reports it (a schedule evaluated at its own step count); combinators and wrappers
+        gather their parts' from the parts' states, so a wrapper that skips or accumulates
+        steps reports the rate its inner transform will really use. Names are unique within
+        the result: a part's name is prefixed by its position where names clash, and by its
+        label inside `partition`.
+        """
+        del state
+        return {}
+
     def __check_init__(self):
         validate_hyperparameters(self)
 
@@ -139,6 +152,9 @@ class AbstractComposite(AbstractTransform):
     def state_specs(self, params, param_specs):
         return self.build().state_specs(params, param_specs)
 
+    def learning_rates(self, state):
+        return self.build().learning_rates(state)
+
 
 class AbstractWrapper(AbstractTransform):
     """A transform around one `inner` transform, whose state keeps the inner state in a field.
@@ -162,6 +178,9 @@ class AbstractWrapper(AbstractTransform):
         own = follow_params(jax.eval_shape(self.init, params), params, param_specs, type(self).__name__)
         inner = self.inner.state_specs(self.inner_view(params, params), self.inner_view(param_specs, params))
         return own._replace(**{self.inner_state_field: inner})
+
+    def learning_rates(self, state):
+        return self.inner.learning_rates(getattr(state, self.inner_state_field))
 
 
 def inner_transform(**kwargs: Any):

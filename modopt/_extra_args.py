@@ -23,12 +23,15 @@ class ExtraArg(NamedTuple):
     required: whether `update` fails without it.
     of_params: the argument is a function of the parameters (e.g. `value_fn`). `Optimizer.step`
         takes a function of the whole model instead and adapts it.
+    like_params: the argument is a tree shaped like the parameters (e.g. the gradient
+        `grad`). `Optimizer.step` takes one shaped like the model and keeps its trained leaves.
     """
 
     name: str
     description: str
     required: bool = True
     of_params: bool = False
+    like_params: bool = False
 
 
 class Declared(NamedTuple):
@@ -125,14 +128,24 @@ def check_extra_args(tx: Any, given: Mapping[str, Any], where: str) -> Declared:
     return declared
 
 
-def adapt_functions(declared: Declared, given: Mapping[str, Any], to_model: Callable[[Any], Any]) -> dict[str, Any]:
-    """`given` with each function-of-the-parameters argument (e.g. `value_fn`) made from a
-    function of the model: the transform calls it with parameters, `to_model` rebuilds the model."""
+def adapt_to_params(
+    declared: Declared, given: Mapping[str, Any], to_model: Callable[[Any], Any], to_params: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """`given`, written for the model, as the transform needs it for the trained parameters.
+
+    A function of the parameters (`value_fn`) is made from the given function of the model:
+    `to_model` rebuilds the model from parameters. A tree like the parameters (`grad`) is
+    cut from the given tree like the model by `to_params`.
+    """
     adapted = dict(given)
     for name, (spec, _) in declared.args.items():
-        if spec.of_params and name in adapted and callable(adapted[name]):
+        if name not in adapted:
+            continue
+        if spec.of_params and callable(adapted[name]):
             fn = adapted[name]
             adapted[name] = lambda params, *args, fn=fn, **kwargs: fn(to_model(params), *args, **kwargs)
+        elif spec.like_params:
+            adapted[name] = to_params(adapted[name])
     return adapted
 
 

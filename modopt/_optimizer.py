@@ -11,19 +11,18 @@ import jax.numpy as jnp
 
 from ._base import AbstractTransform, owned_transform
 from ._checks import align_gradients, check_state
-from ._extra_args import adapt_functions, check_extra_args
+from ._extra_args import adapt_to_params, check_extra_args
 from ._fields import (
     as_static_tree,
     pretty,
     resolve_tree,
     static,
 )
-from ._hyperparameters import hyperparameters, set_hyperparameters
+from ._hyperparameters import hyperparameters, set_hyperparameters, single_learning_rate
 from ._numerics import safe_increment
 from ._signature import ModelSignature
 from ._trees import is_none
 from ._updates import apply_updates
-from .schedules._base import value_at
 from .sharding._shardings import Layout, derive_layout, update_on_mesh
 
 
@@ -109,18 +108,16 @@ class Optimizer(eqx.Module):
 
         `extra_args` (for instance the loss `value`) reach the transform's `update`. A missing
         one that a transform needs, or one that no transform reads, is a `TypeError`. Function
-        arguments such as `value_fn` take the model, as the loss does.
+        arguments such as `value_fn` take the model, as the loss does, and trees such as `grad`
+        are shaped like the model, as `grads` is.
         """
         params, rest = eqx.partition(model, self._filter(model))
         grads = align_gradients(model, params, grads)
         check_state(self.tx, self.state, params)
         declared = check_extra_args(self.tx, extra_args, "Optimizer.step")
-        extra_args = adapt_functions(declared, extra_args, lambda p: eqx.combine(p, rest))
-        # A trainable leaf with a `None` gradient: the transform sees zeros, the leaf is kept.
-        filled = jax.tree_util.tree_map(
-            lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=is_none
-        )
-        updates, state = update_on_mesh(self.tx, filled, self.state, params, extra_args)
+        as_params = lambda tree: _filled(params, align_gradients(model, params, tree))  # noqa: E731
+        extra_args = adapt_to_params(declared, extra_args, lambda p: eqx.combine(p, rest), as_params)
+        updates, state = update_on_mesh(self.tx, _filled(params, grads), self.state, params, extra_args)
         new_params = jax.tree_util.tree_map(
             lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=is_none
         )
@@ -140,12 +137,19 @@ class Optimizer(eqx.Module):
         return hyperparameters(self.tx)
 
     @property
+    def learning_rates(self) -> dict[str, jax.Array]:
+        """Every learning rate the next step will apply, by name (see `AbstractTransform.learning_rates`)."""
+        return self.tx.learning_rates(self.state)
+
+    @property
     def learning_rate(self) -> jax.Array:
-        """The learning rate in use at the current step (a schedule is evaluated), for logging."""
-        value = self.hyperparameters.get("learning_rate")
-        if value is None:
-            raise AttributeError(f"{type(self.tx).__name__} has no hyperparameter named learning_rate.")
-        return value_at(value, self.count)
+        """The learning rate the next step will apply, for logging.
+
+        A schedule is evaluated at the step count of the transform that applies it, so behind a
+        wrapper that skips or accumulates steps it is the rate really used. An error names the
+        rates when there are several (a partition of two optimizers): read `learning_rates`.
+        """
+        return single_learning_rate(self.tx, self.state)
 
     def set(self, **values: Any) -> Optimizer:
         """A copy with hyperparameters replaced by name, e.g. `optimizer.set(learning_rate=1e-4)`.
@@ -160,6 +164,13 @@ class Optimizer(eqx.Module):
         for f in dataclasses.fields(self):
             object.__setattr__(new, f.name, changes.get(f.name, getattr(self, f.name)))
         return new
+
+
+def _filled(params: Any, grads: Any) -> Any:
+    """`grads` with zeros at trained leaves whose gradient is `None` (the transform sees zeros)."""
+    return jax.tree_util.tree_map(
+        lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=is_none
+    )
 
 
 def _unaliased(state: Any, params: Any) -> Any:

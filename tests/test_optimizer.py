@@ -225,3 +225,16 @@ def test_value_fn_takes_the_model_and_extra_arguments_are_checked():
         optimizer.step(model, grads, value_fn=loss, valu_fn=loss)
     with pytest.raises(TypeError, match="ScaleByValueFn.update needs the extra argument `value_fn`"):
         ScaleByValueFn().update(grads, modopt.EmptyState(), model)
+
+
+def test_a_tree_like_the_params_is_given_like_the_model():
+    """`grad=` is shaped like the model (its untrained leaves included); the transform gets the
+    trained leaves only, as it gets `grads`."""
+    from testing_transforms import AddGrad
+
+    model = Net(jax.random.key(0))
+    grads = eqx.filter_grad(loss)(model)
+    optimizer = modopt.Optimizer(modopt.chain(AddGrad(), modopt.scale(-0.5)), model)
+    new_model, _ = eqx.filter_jit(lambda m, o, g: o.step(m, g, grad=g))(model, optimizer, grads)
+    expected = jax.tree.map(lambda p, g: p - g, eqx.filter(model, eqx.is_inexact_array), eqx.filter(grads, eqx.is_inexact_array))
+    assert_close(eqx.filter(new_model, eqx.is_inexact_array), expected)

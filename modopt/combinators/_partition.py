@@ -62,6 +62,13 @@ class Partition(AbstractTransform):
     def state_specs(self, params, param_specs):
         return PartitionState({label: g.state_specs(params, param_specs) for label, g in self._groups(params).items()})
 
+    def learning_rates(self, state):
+        return {
+            f"[{label!r}].{name}": rate
+            for label, tx in self.transforms.items()
+            for name, rate in tx.learning_rates(state.inner_states[label].inner_state).items()
+        }
+
     def update(self, updates, state, params=None, **extra_args):
         new_states = {}
         for label, group in self._groups(updates).items():

@@ -20,7 +20,6 @@ from .._fields import (
     validate_hyperparameters,
 )
 
-
 Schedule = Callable[[Any], Any]  # a function of the step count, e.g. an `AbstractSchedule`
 ScalarOrSchedule = Any  # a number or a `Schedule`
 

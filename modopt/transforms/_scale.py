@@ -13,7 +13,7 @@ from .._base import AbstractComposite, AbstractTransform, EmptyState, init_empty
 from .._fields import NONNEGATIVE, hyperparameter, static
 from .._numerics import safe_increment, safe_norm, safe_root_mean_squares
 from .._trees import map_updates
-from ..schedules._base import AbstractSchedule, MappedSchedule, is_schedule, scalar_or_schedule
+from ..schedules._base import AbstractSchedule, MappedSchedule, is_schedule, scalar_or_schedule, value_at
 from ._stateless import Identity
 
 
@@ -57,6 +57,11 @@ class ScaleByLearningRate(AbstractComposite):
 
     learning_rate: Any = fields.learning_rate(None)
     flip_sign: bool = static(default=True, kw_only=True)
+
+    def learning_rates(self, state):
+        if self.learning_rate is None:
+            return {}
+        return {"learning_rate": value_at(self.learning_rate, getattr(state, "count", None))}
 
     def build(self):
         if self.learning_rate is None:

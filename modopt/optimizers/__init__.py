@@ -56,3 +56,11 @@ from ._special import optimistic_gradient_descent as optimistic_gradient_descent
 from ._special import polyak_sgd as polyak_sgd
 from ._special import rprop as rprop
 from ._special import sm3 as sm3
+
+# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
+
+# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).
+
+# Line searches and L-BFGS.
+
+# Schedules.

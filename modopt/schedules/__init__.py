@@ -18,3 +18,11 @@ from ._schedules import join_schedules as join_schedules
 from ._schedules import linear_schedule as linear_schedule
 from ._schedules import polynomial_schedule as polynomial_schedule
 from ._schedules import warmup_cosine_decay_schedule as warmup_cosine_decay_schedule
+
+# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
+
+# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).
+
+# Line searches and L-BFGS.
+
+# Schedules.

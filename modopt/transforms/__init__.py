@@ -113,3 +113,11 @@ from ._weight_decay import AddDecayedWeights as AddDecayedWeights
 from ._weight_decay import AddDecayedWeightsState as AddDecayedWeightsState
 from ._weight_decay import WeightDecaySchedule as WeightDecaySchedule
 from ._weight_decay import add_decayed_weights as add_decayed_weights
+
+# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
+
+# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).
+
+# Line searches and L-BFGS.
+
+# Schedules.

@@ -7,12 +7,20 @@ is skipped by name: an entry's fields say what applies to it.
 
 from __future__ import annotations
 
-from . import adaptive, core, layerwise, special
+from . import adaptive, core, layerwise, linesearch, monitoring, special, wrappers
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
 
-ENTRIES: list[Entry] = [*core.ENTRIES, *adaptive.ENTRIES, *layerwise.ENTRIES, *special.ENTRIES]
+ENTRIES: list[Entry] = [
+    *core.ENTRIES,
+    *adaptive.ENTRIES,
+    *layerwise.ENTRIES,
+    *special.ENTRIES,
+    *wrappers.ENTRIES,
+    *monitoring.ENTRIES,
+    *linesearch.ENTRIES,
+]
 
 BY_NAME = {e.name: e for e in ENTRIES}
 assert len(BY_NAME) == len(ENTRIES), "registry names must be unique"

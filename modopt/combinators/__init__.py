@@ -12,3 +12,7 @@ from ._partition import Partition as Partition
 from ._partition import PartitionState as PartitionState
 from ._partition import multi_transform as multi_transform
 from ._partition import partition as partition
+
+# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
+
+# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
@@ -60,6 +61,14 @@ class EmptyState(NamedTuple):
     """The state of a stateless transform."""
 
 
+class Part(NamedTuple):
+    """A transform inside another one, and where its state lies in the outer state."""
+
+    name: str  # a path suffix naming it, e.g. "[0]" in a chain; "" for a wrapper's one part
+    transform: AbstractTransform
+    state: Callable[[OptState], OptState]  # the part's state, from the outer state
+
+
 class AbstractTransform(eqx.Module):
     """Base class of every modopt transform.
 
@@ -94,18 +103,25 @@ class AbstractTransform(eqx.Module):
         """
         return follow_params(jax.eval_shape(self.init, params), params, param_specs, type(self).__name__)
 
+    def parts(self) -> tuple[Part, ...]:
+        """The transforms this one applies, with where each one's state lies in this state.
+
+        Empty for a transform that applies no other; combinators, wrappers and composites
+        list theirs, so that what lives in states (learning rates, injected
+        hyperparameters) can be found through any composition.
+        """
+        return ()
+
     def learning_rates(self, state: OptState) -> dict[str, Any]:
         """The learning rates the next `update` will apply, read from `state`, by name.
 
-        Empty for a transform that applies none. A transform that scales by a learning rate
-        reports it (a schedule evaluated at its own step count); combinators and wrappers
-        gather their parts' from the parts' states, so a wrapper that skips or accumulates
-        steps reports the rate its inner transform will really use. Names are unique within
-        the result: a part's name is prefixed by its position where names clash, and by its
-        label inside `partition`.
+        A transform that scales by a learning rate reports it (a schedule evaluated at its
+        own step count). By default a transform reports its parts' rates, each read from
+        its part of the state, so a wrapper that skips or accumulates steps reports the
+        rate its inner transform will really use. Names are unique: where two parts' names
+        clash, each gets its part's name as a prefix (e.g. `['adam'].learning_rate`).
         """
-        del state
-        return {}
+        return merge_named((part.name, part.transform.learning_rates(part.state(state))) for part in self.parts())
 
     def __check_init__(self):
         validate_hyperparameters(self)
@@ -152,8 +168,8 @@ class AbstractComposite(AbstractTransform):
     def state_specs(self, params, param_specs):
         return self.build().state_specs(params, param_specs)
 
-    def learning_rates(self, state):
-        return self.build().learning_rates(state)
+    def parts(self):
+        return (Part("", self.build(), _same),)
 
 
 class AbstractWrapper(AbstractTransform):
@@ -179,8 +195,27 @@ class AbstractWrapper(AbstractTransform):
         inner = self.inner.state_specs(self.inner_view(params, params), self.inner_view(param_specs, params))
         return own._replace(**{self.inner_state_field: inner})
 
-    def learning_rates(self, state):
-        return self.inner.learning_rates(getattr(state, self.inner_state_field))
+    def parts(self):
+        return (Part("", self.inner, operator.attrgetter(self.inner_state_field)),)
+
+
+def _same(state: OptState) -> OptState:
+    return state
+
+
+def merge_named(parts: Any) -> dict[str, Any]:
+    """`(prefix, {name: value})` pairs merged into one dict; a name two parts share gets each
+    part's prefix (`"[0]" + ".learning_rate"`), a name one part has stays as it is."""
+    parts = list(parts)
+    counts: dict[str, int] = {}
+    for _, named in parts:
+        for name in named:
+            counts[name] = counts.get(name, 0) + 1
+    return {
+        (name if counts[name] == 1 or not prefix else f"{prefix}.{name}"): value
+        for prefix, named in parts
+        for name, value in named.items()
+    }
 
 
 def inner_transform(**kwargs: Any):

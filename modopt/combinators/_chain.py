@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from typing import Any
 
-from .._base import AbstractTransform, as_transform
+from .._base import AbstractTransform, Part, as_transform
 from .._fields import static
 
 
@@ -31,10 +32,8 @@ class Chain(AbstractTransform):
     def state_specs(self, params, param_specs):
         return tuple(t.state_specs(params, param_specs) for t in self.transforms)
 
-    def learning_rates(self, state):
-        return merge_learning_rates(
-            (f"[{i}]", t.learning_rates(inner)) for i, (t, inner) in enumerate(zip(self.transforms, state))
-        )
+    def parts(self):
+        return tuple(Part(f"[{i}]", t, operator.itemgetter(i)) for i, t in enumerate(self.transforms))
 
 
 class NamedChain(AbstractTransform):
@@ -68,18 +67,8 @@ class NamedChain(AbstractTransform):
     def state_specs(self, params, param_specs):
         return OrderedDict((name, t.state_specs(params, param_specs)) for name, t in zip(self.names, self.transforms))
 
-    def learning_rates(self, state):
-        return merge_learning_rates((f"[{name!r}]", t.learning_rates(state[name])) for name, t in zip(self.names, self.transforms))
-
-
-def merge_learning_rates(parts: Any) -> dict[str, Any]:
-    """The parts' learning rates in one dict; a name two parts share gets each part's prefix."""
-    parts = list(parts)
-    counts: dict[str, int] = {}
-    for _, rates in parts:
-        for name in rates:
-            counts[name] = counts.get(name, 0) + 1
-    return {(name if counts[name] == 1 else f"{prefix}.{name}"): rate for prefix, rates in parts for name, rate in rates.items()}
+    def parts(self):
+        return tuple(Part(f"[{name!r}]", t, operator.itemgetter(name)) for name, t in zip(self.names, self.transforms))
 
 
 def _check_length(state: Any, expected: int, where: str) -> None:

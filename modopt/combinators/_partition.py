@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 
-from .._base import AbstractTransform, as_transform
+from .._base import AbstractTransform, Part, as_transform
 from .._fields import as_static_tree, resolve_tree, static
 from ._masked import Masked
 
@@ -62,12 +62,11 @@ class Partition(AbstractTransform):
     def state_specs(self, params, param_specs):
         return PartitionState({label: g.state_specs(params, param_specs) for label, g in self._groups(params).items()})
 
-    def learning_rates(self, state):
-        return {
-            f"[{label!r}].{name}": rate
+    def parts(self):
+        return tuple(
+            Part(f"[{label!r}]", tx, lambda state, label=label: state.inner_states[label].inner_state)
             for label, tx in self.transforms.items()
-            for name, rate in tx.learning_rates(state.inner_states[label].inner_state).items()
-        }
+        )
 
     def update(self, updates, state, params=None, **extra_args):
         new_states = {}

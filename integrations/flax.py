@@ -23,8 +23,13 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 import modopt
-from modopt._base import owned_transform
+from modopt._base import owned_init, owned_transform
 from modopt._extra_args import adapt_to_params, check_extra_args
+from modopt._hyperparameters import (
+    hyperparameters_with_state,
+    set_hyperparameters_with_state,
+    single_learning_rate,
+)
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
@@ -54,7 +59,7 @@ class TrainState(struct.PyTreeNode):
     @classmethod
     def create(cls, *, apply_fn: Callable, params: Any, tx: Any, **kwargs: Any) -> TrainState:
         tx = owned_transform(tx, "TrainState")
-        return cls(step=0, apply_fn=apply_fn, params=params, tx=tx, opt_state=tx.init(params), **kwargs)
+        return cls(step=0, apply_fn=apply_fn, params=params, tx=tx, opt_state=owned_init(tx, params), **kwargs)
 
     def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
         fields = {f.name for f in dataclasses.fields(self)}
@@ -67,11 +72,17 @@ class TrainState(struct.PyTreeNode):
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
-        return modopt.hyperparameters(self.tx)
+        return hyperparameters_with_state(self.tx, self.opt_state)
+
+    @property
+    def learning_rate(self) -> Any:
+        """The learning rate the next step applies (see `modopt.Optimizer.learning_rate`)."""
+        return single_learning_rate(self.tx, self.opt_state)
 
     def set(self, **values: Any) -> TrainState:
         """A copy with the transform's hyperparameters replaced by name (no retrace)."""
-        return self.replace(tx=modopt.set_hyperparameters(self.tx, **values))
+        tx, opt_state = set_hyperparameters_with_state(self.tx, self.opt_state, **values)
+        return self.replace(tx=tx, opt_state=opt_state)
 
 
 # ---- NNX ----------------------------------------------------------------------------------
@@ -107,7 +118,7 @@ class NnxOptimizer(nnx.Pytree):
         self.step = OptimizerState(jnp.array(0, jnp.uint32))
         params = nnx.as_pure(nnx.state(model, wrt))
         if shardings is None:
-            opt_state = tx.init(params)
+            opt_state = owned_init(tx, params)
         else:
             opt_state = params_layout(tx, params, shardings, zero_axis).init(tx, params)
         self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, opt_state))
@@ -118,15 +129,28 @@ class NnxOptimizer(nnx.Pytree):
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
-        return modopt.hyperparameters(self.tx)
+        return hyperparameters_with_state(self.tx, nnx.as_pure(self.opt_state))
+
+    @property
+    def learning_rate(self) -> Any:
+        """The learning rate the next update applies (see `modopt.Optimizer.learning_rate`)."""
+        return single_learning_rate(self.tx, nnx.as_pure(self.opt_state))
 
     def set(self, **values: Any) -> None:
-        """Replaces hyperparameters by name, in place."""
-        leaves, treedef = jax.tree_util.tree_flatten(modopt.set_hyperparameters(self.tx, **values))
+        """Replaces hyperparameters by name, in place (in the state where they live there)."""
+        tx, opt_state = set_hyperparameters_with_state(self.tx, nnx.as_pure(self.opt_state), **values)
+        leaves, treedef = jax.tree_util.tree_flatten(tx)
         if treedef != self._tx_def:
             raise ValueError("set cannot change the structure of the transform; build a new optimizer.")
         for variable, leaf in zip(self._hyperparameters, leaves):
             variable.set_value(leaf)
+        self._set_state(opt_state)
+
+    def _set_state(self, opt_state: Any) -> None:
+        jax.tree_util.tree_map(
+            lambda variable, value: variable.set_value(value), self.opt_state, opt_state,
+            is_leaf=lambda x: isinstance(x, nnx.Variable),
+        )
 
     def update(self, model: nnx.Module, grads: Any, /, **extra_args: Any) -> Any:
         """Applies the update for `grads` (from `nnx.grad` with the same `wrt`) to `model`.
@@ -145,8 +169,7 @@ class NnxOptimizer(nnx.Pytree):
         opt_state = nnx.as_pure(self.opt_state)
         updates, new_state = tx.update(grads, opt_state, params, **extra_args)
         nnx.update(model, modopt.apply_updates(params, updates))
-        jax.tree_util.tree_map(lambda variable, value: variable.set_value(value), self.opt_state, new_state,
-                               is_leaf=lambda x: isinstance(x, nnx.Variable))
+        self._set_state(new_state)
         self.step.set_value(self.step.get_value() + 1)
         return updates
 

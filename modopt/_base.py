@@ -112,6 +112,14 @@ class AbstractTransform(eqx.Module):
         """
         return ()
 
+    def hyperparameters_in_state(self) -> dict[str, Callable[[OptState], Any]]:
+        """Hyperparameters whose live value is in the state (not in a field), with their getters.
+
+        Empty for modopt's transforms, whose hyperparameters are fields; `inject_hyperparams`
+        keeps them in its state, where `Optimizer.set` then writes them.
+        """
+        return {}
+
     def learning_rates(self, state: OptState) -> dict[str, Any]:
         """The learning rates the next `update` will apply, read from `state`, by name.
 
@@ -291,6 +299,25 @@ def owned_transform(tx: Any, where: str) -> AbstractTransform:
     usable afterwards.
     """
     return jax.tree_util.tree_map(jnp.copy, as_transform(tx, where))
+
+
+def owned_init(tx: AbstractTransform, params: Params) -> OptState:
+    """`tx.init(params)` where no array is shared: a leaf that *is* an array of `params`, of
+    `tx`, or an earlier leaf of the state (an optax init may put one array in two places) is
+    copied.
+
+    The state is donated to jitted steps alongside the params and the transform; a shared
+    buffer would be donated twice (an error) or deleted under its other owner.
+    """
+    seen = {id(x) for x in jax.tree_util.tree_leaves((params, tx))}
+
+    def own(x):
+        if id(x) in seen:
+            return jnp.copy(x)
+        seen.add(id(x))
+        return x
+
+    return jax.tree_util.tree_map(own, tx.init(params))
 
 
 def with_extra_args_support(tx: GradientTransformation) -> AbstractTransform:

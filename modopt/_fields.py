@@ -29,6 +29,7 @@ _KINDS = {
     "number": "a number",
     "number_or_schedule": "a number or a schedule (a callable of the step count)",
     "schedule": "a schedule (a callable of the step count)",
+    "dict": "a dict of numbers and schedules by name",
 }
 
 
@@ -278,6 +279,11 @@ def validate_hyperparameters(module: eqx.Module) -> None:
             continue
         value, kind, check = getattr(module, f.name), f.metadata[_KIND], f.metadata[_CHECK]
         where = f"in {type(module).__name__}"
+        if kind == "dict":
+            for name, entry in value.items():
+                if not (callable(entry) or isinstance(entry, eqx.Module) or _is_number(entry)):
+                    raise ValueError(f"Invalid {name}: {_shown(entry)} (expected a number or a schedule) {where}.")
+            continue
         if value is None:
             if f.default is None:
                 continue

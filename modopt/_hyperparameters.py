@@ -28,6 +28,49 @@ def hyperparameters(tx: AbstractTransform) -> dict[str, Any]:
     return {name: _readable(get(tx)) for name, (get, _) in _hyperparameter_index(tx).items()}
 
 
+def hyperparameters_with_state(tx: AbstractTransform, state: Any) -> dict[str, Any]:
+    """`hyperparameters(tx)`, with the live values of those that live in `state` (`inject_hyperparams`)."""
+    return {**hyperparameters(tx), **{name: get(state) for name, get in _state_index(tx).items()}}
+
+
+def set_hyperparameters_with_state(tx: AbstractTransform, state: Any, **values: Any) -> tuple[AbstractTransform, Any]:
+    """`set_hyperparameters(tx, **values)`, also writing each value that lives in `state`.
+
+    A name that lives in the state (`inject_hyperparams`' numbers) is written there, keeping
+    its array type, and in `tx` too where `tx` names it (its initial value). Returns the new
+    `(tx, state)`.
+    """
+    in_state = _state_index(tx)
+    in_tx = _hyperparameter_index(tx)
+    unknown = sorted(set(values) - set(in_state) - set(in_tx))
+    if unknown:
+        raise KeyError(f"No hyperparameter named {unknown[0]!r}; the names are {sorted(set(in_state) | set(in_tx))}.")
+    tx = set_hyperparameters(tx, **{name: value for name, value in values.items() if name in in_tx})
+    for name, value in values.items():
+        if name in in_state:
+            get = in_state[name]
+            state = eqx.tree_at(get, state, _like(value, get(state), name))
+    return tx, state
+
+
+def _state_index(tx: AbstractTransform) -> dict[str, Callable[[Any], Any]]:
+    """The hyperparameters that live in the state, found through every part, with getters from
+    the whole state. Short names where unique, qualified by the parts' names otherwise."""
+    found: list[tuple[str, str, Callable[[Any], Any]]] = []
+
+    def visit(node: AbstractTransform, path: str, get: Callable[[Any], Any]) -> None:
+        for name, inner_get in node.hyperparameters_in_state().items():
+            found.append((name, f"{path}.{name}".lstrip("."), lambda s, get=get, inner_get=inner_get: inner_get(get(s))))
+        for part in node.parts():
+            visit(part.transform, path + part.name, lambda s, get=get, part=part: part.state(get(s)))
+
+    visit(tx, "", lambda s: s)
+    counts: dict[str, int] = {}
+    for name, *_ in found:
+        counts[name] = counts.get(name, 0) + 1
+    return {(name if counts[name] == 1 else path): get for name, path, get in found}
+
+
 def single_learning_rate(tx: AbstractTransform, state: Any) -> jax.Array:
     """The one learning rate `tx` applies at its next update, read from `state`.
 
@@ -137,8 +180,15 @@ def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
             names = hyperparameter_names(node)
             for name in names:
                 getter = lambda t, get=get, name=name: getattr(get(t), name)
+                value = getattr(node, name)
+                if isinstance(value, dict):  # a dict of hyperparameters (`inject_hyperparams`)
+                    for key, entry in value.items():
+                        entry_getter = lambda t, getter=getter, key=key: getter(t)[key]
+                        found.append((key, f"{path}.{name}[{key!r}]".lstrip("."), entry_getter, get))
+                        visit(entry, f"{path}.{name}[{key!r}]", entry_getter)
+                    continue
                 found.append((name, f"{path}.{name}".lstrip("."), getter, get))
-                visit(getattr(node, name), f"{path}.{name}", getter)  # a schedule's own numbers
+                visit(value, f"{path}.{name}", getter)  # a schedule's own numbers
             for f in dataclasses.fields(node):
                 if f.name not in names and not f.metadata.get("static", False):
                     child = getattr(node, f.name)

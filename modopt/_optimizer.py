@@ -9,7 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._base import AbstractTransform, owned_transform
+from ._base import AbstractTransform, owned_init, owned_transform
 from ._checks import align_gradients, check_state
 from ._extra_args import adapt_to_params, check_extra_args
 from ._fields import (
@@ -18,7 +18,7 @@ from ._fields import (
     resolve_tree,
     static,
 )
-from ._hyperparameters import hyperparameters, set_hyperparameters, single_learning_rate
+from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state, single_learning_rate
 from ._numerics import safe_increment
 from ._signature import ModelSignature
 from ._trees import is_none
@@ -76,7 +76,7 @@ class Optimizer(eqx.Module):
             if mesh is not None or zero_axis is not None:
                 raise ValueError("Optimizer: `mesh` and `zero_axis` need `shardings=` (the model's shardings).")
             self.layout = None
-            self.state = _unaliased(self.tx.init(params), params)
+            self.state = owned_init(self.tx, params)
             self.count = jnp.zeros([], jnp.int32)
             return
         abstract_state = jax.eval_shape(self.tx.init, params)
@@ -133,8 +133,11 @@ class Optimizer(eqx.Module):
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
-        """Every hyperparameter of the transform by name (a dotted path where names clash)."""
-        return hyperparameters(self.tx)
+        """Every hyperparameter of the transform by name (a dotted path where names clash).
+
+        Those that live in the state (`inject_hyperparams`) are read there.
+        """
+        return hyperparameters_with_state(self.tx, self.state)
 
     @property
     def learning_rates(self) -> dict[str, jax.Array]:
@@ -155,9 +158,11 @@ class Optimizer(eqx.Module):
         """A copy with hyperparameters replaced by name, e.g. `optimizer.set(learning_rate=1e-4)`.
 
         Numbers keep the array type of the value they replace, so a jitted step does not
-        retrace.
+        retrace. A hyperparameter that lives in the state (`inject_hyperparams`) is written
+        there.
         """
-        return self._replace(tx=set_hyperparameters(self.tx, **values))
+        tx, state = set_hyperparameters_with_state(self.tx, self.state, **values)
+        return self._replace(tx=tx, state=state)
 
     def _replace(self, **changes: Any) -> Optimizer:
         new = object.__new__(Optimizer)
@@ -173,7 +178,3 @@ def _filled(params: Any, grads: Any) -> Any:
     )
 
 
-def _unaliased(state: Any, params: Any) -> Any:
-    """`state` with any leaf that *is* a parameter array copied, so donation cannot alias them."""
-    param_ids = {id(p) for p in jax.tree_util.tree_leaves(params)}
-    return jax.tree_util.tree_map(lambda s: jnp.copy(s) if id(s) in param_ids else s, state)

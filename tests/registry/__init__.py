@@ -7,7 +7,7 @@ is skipped by name: an entry's fields say what applies to it.
 
 from __future__ import annotations
 
-from . import adaptive, core, layerwise, linesearch, monitoring, special, wrappers
+from . import adaptive, core, inject, layerwise, linesearch, monitoring, special, wrappers
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -20,6 +20,7 @@ ENTRIES: list[Entry] = [
     *wrappers.ENTRIES,
     *monitoring.ENTRIES,
     *linesearch.ENTRIES,
+    *inject.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

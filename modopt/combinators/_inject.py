@@ -1,0 +1,177 @@
+"""Hyperparameters kept in the optimizer state: `inject_hyperparams`.
+
+modopt's transforms already hold their hyperparameters as array leaves, so a change never
+retraces; `inject_hyperparams` is for code written for optax, which reads and writes them in
+the state (`opt_state.hyperparams["learning_rate"] = 1e-4`), and for optax transforms, whose
+hyperparameters live in closures.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import fields
+from .._base import AbstractTransform, Part, as_transform
+from .._fields import StaticTree, as_hyperparameter
+from .._numerics import safe_increment
+from ..schedules._base import AbstractSchedule, as_schedule, is_schedule
+
+
+class InjectHyperparamsState(NamedTuple):
+    """The step count, the hyperparameters the last step used, and the inner state."""
+
+    count: jax.Array  # int32 scalar
+    hyperparams: dict[str, Any]  # by name; a number set here is used from the next step on
+    inner_state: Any
+
+
+def _as_injected(values: dict[str, Any]) -> dict[str, Any]:
+    """The injected hyperparameters as leaves: numbers as arrays, callables as schedules."""
+    return {name: as_schedule(as_hyperparameter(value)) for name, value in values.items()}
+
+
+class InjectHyperparams(AbstractTransform):
+    """`inner_factory(**others, **hyperparams)`, with the hyperparameters in the state.
+
+    At every step the inner transform is built from the state's `hyperparams`: numbers as
+    the state holds them (so `state.hyperparams[name] = value` takes effect at the next
+    step) and schedules evaluated at the step count. Floats are cast to `hyperparam_dtype`
+    (default: the highest float dtype of the params). Made by `inject_hyperparams`.
+    """
+
+    inner_factory: Callable[..., Any] = fields.static()
+    hyperparams: dict[str, Any] = fields.hyperparameter(kind="dict", converter=_as_injected)
+    others: StaticTree = fields.static()  # flags, dtypes, masks and `static_args`
+    hyperparam_dtype: Any = fields.dtype()
+
+    def inner(self, values: dict[str, Any]) -> AbstractTransform:
+        """The inner transform with the hyperparameters `values`."""
+        try:
+            inner = self.inner_factory(**self.others.tree, **values)
+        except ValueError as error:
+            dtypes = sorted({str(jnp.result_type(v)) for v in values.values()})
+            raise ValueError(
+                f"inject_hyperparams: {_name(self.inner_factory)} rejects its hyperparameters as held in the "
+                f"state (dtypes {', '.join(dtypes)}; they follow the params' dtype unless `hyperparam_dtype` "
+                f"is given, e.g. jnp.float32): {error}"
+            ) from None
+        return as_transform(inner, "inject_hyperparams")
+
+    def _values_at(self, count: Any, stored: dict[str, Any], params: Any) -> dict[str, Any]:
+        """The hyperparameters a step at `count` uses: scheduled ones evaluated, others as stored."""
+        dtype = self.hyperparam_dtype or _highest_float(params)
+        values = {}
+        for name, value in self.hyperparams.items():
+            values[name] = _as_dtype(value(count) if is_schedule(value) else stored[name], dtype)
+        return values
+
+    def init(self, params):
+        count = jnp.zeros([], jnp.int32)
+        values = self._values_at(count, self.hyperparams, params)
+        return InjectHyperparamsState(count, values, self.inner(values).init(params))
+
+    def update(self, updates, state, params=None, **extra_args):
+        values = self._values_at(state.count, state.hyperparams, updates)
+        updates, inner_state = self.inner(values).update(updates, state.inner_state, params, **extra_args)
+        return updates, InjectHyperparamsState(safe_increment(state.count), values, inner_state)
+
+    def parts(self):
+        return (Part("", self.inner(self._values_at(0, self.hyperparams, None)), _inner_state),)
+
+    def learning_rates(self, state):
+        values = {
+            name: value(state.count) if is_schedule(value) else state.hyperparams[name]
+            for name, value in self.hyperparams.items()
+        }
+        return self.inner(values).learning_rates(state.inner_state)
+
+    def hyperparameters_in_state(self):
+        # The numbers; a scheduled value is recomputed at every step, so it lives in its schedule.
+        return {
+            name: functools.partial(_stored, name=name)
+            for name, value in self.hyperparams.items()
+            if not is_schedule(value)
+        }
+
+
+def _name(factory: Any) -> str:
+    return getattr(factory, "__name__", type(factory).__name__)
+
+
+def _inner_state(state: InjectHyperparamsState) -> Any:
+    return state.inner_state
+
+
+def _stored(state: InjectHyperparamsState, name: str) -> Any:
+    return state.hyperparams[name]
+
+
+def _highest_float(params: Any) -> Any:
+    """The widest floating dtype among the leaves of `params` (float32 if there are none)."""
+    dtypes = [jnp.result_type(x) for x in jax.tree_util.tree_leaves(params) if jnp.issubdtype(jnp.result_type(x), jnp.floating)]
+    return functools.reduce(jnp.promote_types, dtypes) if dtypes else jnp.dtype(jnp.float32)
+
+
+def _as_dtype(value: Any, dtype: Any) -> Any:
+    """Python and weakly typed floats as `dtype`; strongly typed arrays and integers unchanged."""
+    value = jnp.asarray(value)
+    if jnp.issubdtype(value.dtype, jnp.floating) and value.weak_type:
+        return value.astype(dtype)
+    return value
+
+
+def inject_hyperparams(
+    inner_factory: Callable[..., Any],
+    static_args: str | Iterable[str] = (),
+    hyperparam_dtype: Any = None,
+) -> Callable[..., InjectHyperparams]:
+    """Wraps a transform factory so that its numeric hyperparameters live in the state.
+
+    `inject_hyperparams(modopt.adam)(learning_rate=schedule, b1=0.9)` returns a transform
+    whose state is `InjectHyperparamsState(count, hyperparams, inner_state)`. Every number
+    and callable argument is injected (callables as schedules of the step count), except
+    booleans and the names in `static_args` (callables that are not schedules, sizes that
+    shape the computation), which are passed through as they are.
+
+    Reading and setting: `state.hyperparams["b1"] = 0.95` changes the next steps;
+    `modopt.Optimizer(...).set(b1=0.95)` writes there too, since that is where the value lives.
+
+    Works with modopt factories and optax ones (`inject_hyperparams(optax.sgd)`).
+    """
+    static_names = {static_args} if isinstance(static_args, str) else set(static_args)
+    signature = inspect.signature(inner_factory)
+    unknown = static_names - set(signature.parameters)
+    if unknown:
+        raise ValueError(
+            f"inject_hyperparams: static_args {sorted(unknown)} are not parameters of "
+            f"{getattr(inner_factory, '__name__', inner_factory)}; its parameters are {list(signature.parameters)}."
+        )
+
+    @functools.wraps(inner_factory)
+    def make(*args: Any, **kwargs: Any) -> InjectHyperparams:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        injected, others = {}, {}
+        for name, value in bound.arguments.items():
+            if name in static_names or isinstance(value, (bool, np.bool_)):
+                others[name] = value
+            elif callable(value) or isinstance(value, AbstractSchedule) or _is_number(value):
+                injected[name] = value
+            else:
+                others[name] = value
+        return InjectHyperparams(inner_factory, injected, StaticTree(others), hyperparam_dtype)
+
+    return make
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, (int, float)):
+        return True
+    return isinstance(value, (jax.Array, np.ndarray)) and jnp.issubdtype(value.dtype, jnp.number)

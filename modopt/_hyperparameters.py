@@ -40,11 +40,11 @@ def set_hyperparameters_with_state(tx: AbstractTransform, state: Any, **values: 
     its array type, and in `tx` too where `tx` names it (its initial value). Returns the new
     `(tx, state)`.
     """
-    in_state = _state_index(tx)
-    in_tx = _hyperparameter_index(tx)
+    in_state = _state_index(tx, all_paths=True)
+    in_tx = _hyperparameter_index(tx, all_paths=True)
     unknown = sorted(set(values) - set(in_state) - set(in_tx))
     if unknown:
-        raise KeyError(f"No hyperparameter named {unknown[0]!r}; the names are {sorted(set(in_state) | set(in_tx))}.")
+        raise KeyError(_unknown(unknown[0], sorted(set(_state_index(tx)) | set(_hyperparameter_index(tx)))))
     tx = set_hyperparameters(tx, **{name: value for name, value in values.items() if name in in_tx})
     for name, value in values.items():
         if name in in_state:
@@ -53,7 +53,7 @@ def set_hyperparameters_with_state(tx: AbstractTransform, state: Any, **values: 
     return tx, state
 
 
-def _state_index(tx: AbstractTransform) -> dict[str, Callable[[Any], Any]]:
+def _state_index(tx: AbstractTransform, all_paths: bool = False) -> dict[str, Callable[[Any], Any]]:
     """The hyperparameters that live in the state, found through every part, with getters from
     the whole state. Short names where unique, qualified by the parts' names otherwise."""
     found: list[tuple[str, str, Callable[[Any], Any]]] = []
@@ -65,10 +65,7 @@ def _state_index(tx: AbstractTransform) -> dict[str, Callable[[Any], Any]]:
             visit(part.transform, path + part.name, lambda s, get=get, part=part: part.state(get(s)))
 
     visit(tx, "", lambda s: s)
-    counts: dict[str, int] = {}
-    for name, *_ in found:
-        counts[name] = counts.get(name, 0) + 1
-    return {(name if counts[name] == 1 else path): get for name, path, get in found}
+    return _named(found, all_paths)
 
 
 def single_learning_rate(tx: AbstractTransform, state: Any) -> jax.Array:
@@ -101,6 +98,14 @@ def _shown(value: Any) -> str:
     return "traced" if isinstance(value, jax.core.Tracer) else str(np.asarray(value))
 
 
+def _unknown(name: str, names: list[str]) -> str:
+    """The message for a name `set` cannot find: an ambiguous short name lists its paths."""
+    paths = [n for n in names if n.endswith(f".{name}") or n.endswith(f"[{name!r}]")]
+    if paths:
+        return f"The hyperparameter name {name!r} is not unique here: name one of {paths}."
+    return f"No hyperparameter named {name!r}; the names are {names} (full paths such as 'transforms[0].b1' work too)."
+
+
 def _readable(value: Any) -> Any:
     """A rate is read as its value (its exact complement is bookkeeping)."""
     return value.value if isinstance(value, Rate) else value
@@ -110,12 +115,15 @@ def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransfo
     """A copy of `tx` with hyperparameters replaced by name, validated.
 
     Numbers keep the array type of the value they replace, so a jitted step taking the
-    transform as an argument does not retrace.
+    transform as an argument does not retrace. A hyperparameter is named by its field name
+    where that is unique in `tx` (`learning_rate`) and by its path otherwise
+    (`transforms[0].b1`); its full path is always accepted, so a name written as a path
+    keeps working when a chain grows another transform with the same field.
     """
-    index = _hyperparameter_index(tx)
+    index = _hyperparameter_index(tx, all_paths=True)
     for name, value in values.items():
         if name not in index:
-            raise KeyError(f"No hyperparameter named {name!r}; the names are {sorted(index)}.")
+            raise KeyError(_unknown(name, sorted(_hyperparameter_index(tx))))
         get, owner = index[name]
         tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=is_none)
         validate_hyperparameters(owner(tx))
@@ -168,7 +176,7 @@ def _same_type(value: jax.Array, old: jax.Array) -> jax.Array:
 Getter = Callable[[Any], Any]
 
 
-def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
+def _hyperparameter_index(tx: Any, all_paths: bool = False) -> dict[str, tuple[Getter, Getter]]:
     """Maps each hyperparameter's name to (getter of its value, getter of its owning module).
 
     Short field names are used where unique; clashing names are qualified by their path.
@@ -201,7 +209,20 @@ def _hyperparameter_index(tx: Any) -> dict[str, tuple[Getter, Getter]]:
                 visit(child, f"{path}[{key!r}]", lambda t, get=get, key=key: get(t)[key])
 
     visit(tx, "", lambda t: t)
+    return _named(found, all_paths)
+
+
+def _named(found: list[tuple], all_paths: bool) -> dict[str, Any]:
+    """`(name, path, *values)` rows by name where the name is unique, else by path; with
+    `all_paths`, by path as well for every row (the names `set` accepts)."""
     counts: dict[str, int] = {}
     for name, *_ in found:
         counts[name] = counts.get(name, 0) + 1
-    return {(name if counts[name] == 1 else path): (get, owner) for name, path, get, owner in found}
+    named = {}
+    for name, path, *values in found:
+        value = values[0] if len(values) == 1 else tuple(values)
+        if counts[name] == 1:
+            named[name] = value
+        if counts[name] > 1 or all_paths:
+            named[path] = value
+    return named

@@ -249,3 +249,14 @@ def test_safe_increment_under_jit_on_uint64_with_x64():
 
 def test_typed_keys_print():
     assert "key<fry>[]" in repr(modopt.noisy_sgd(0.1))
+
+
+def test_full_paths_name_hyperparameters_and_stay_valid_when_a_chain_grows():
+    tx = modopt.chain(modopt.clip(1.0), modopt.adam(0.1))
+    assert "learning_rate" in modopt.hyperparameters(tx)  # unique: its short name
+    path = "transforms[1].learning_rate"
+    assert float(modopt.set_hyperparameters(tx, **{path: 0.2}).transforms[1].learning_rate) == pytest.approx(0.2)
+    grown = modopt.chain(modopt.clip(1.0), modopt.adam(0.1), modopt.sgd(0.3))
+    assert float(modopt.set_hyperparameters(grown, **{path: 0.2}).transforms[1].learning_rate) == pytest.approx(0.2)
+    with pytest.raises(KeyError, match=re.escape("'learning_rate' is not unique here: name one of ['transforms[1].learning_rate', 'transforms[2].learning_rate']")):
+        modopt.set_hyperparameters(grown, learning_rate=0.1)

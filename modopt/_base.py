@@ -9,6 +9,7 @@ transform can be used wherever optax expects one (`optax.chain`, Flax's `TrainSt
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 import operator
 from collections.abc import Callable
@@ -111,6 +112,16 @@ class AbstractTransform(eqx.Module):
         hyperparameters) can be found through any composition.
         """
         return ()
+
+    def skipped_last_step(self, state: OptState) -> jax.Array:
+        """Whether the update that produced `state` was skipped (a boolean scalar).
+
+        A wrapper that skips steps (a non-finite gradient) or holds them back (gradient
+        accumulation) says so from its state; by default a transform skips when one of its
+        parts did.
+        """
+        skipped = [part.transform.skipped_last_step(part.state(state)) for part in self.parts()]
+        return functools.reduce(jnp.logical_or, skipped, jnp.zeros([], bool))
 
     def hyperparameters_in_state(self) -> dict[str, Callable[[OptState], Any]]:
         """Hyperparameters whose live value is in the state (not in a field), with their getters.

@@ -24,6 +24,7 @@ import numpy as np
 
 _CHECK = "modopt_check"  # metadata key: the field is a hyperparameter, with this `Check` (or None)
 _CHOICES = "modopt_choices"  # metadata key: the values a static field may take
+_OPTIONAL = "modopt_optional"  # metadata key: `None` (switching the feature off) is accepted
 _KIND = "modopt_kind"  # metadata key: what a hyperparameter accepts (see `_KINDS`)
 _KINDS = {
     "number": "a number",
@@ -60,6 +61,8 @@ def interval(lo: float, hi: float, *, closed_lo: bool = True, closed_hi: bool = 
 NONNEGATIVE = Check(">= 0", lambda v: bool(np.all(v >= 0)))
 POSITIVE = Check("> 0", lambda v: bool(np.all(v > 0)))
 FINITE = Check("finite", lambda v: bool(np.all(np.isfinite(v))))
+POSITIVE_INTEGER = Check("an integer >= 1", lambda v: bool(np.all((v >= 1) & (v == np.round(v)))))
+NONNEGATIVE_INTEGER = Check("an integer >= 0", lambda v: bool(np.all((v >= 0) & (v == np.round(v)))))
 UNIT = interval(0, 1, closed_hi=True)  # [0, 1]
 PROBABILITY_EXCLUSIVE = interval(0, 1)  # [0, 1), e.g. Adam's betas
 
@@ -171,18 +174,25 @@ def as_hyperparameter(value: Any) -> Any:
 
 
 def hyperparameter(
-    default: Any = dataclasses.MISSING, *, check: Check | None = None, kind: str = "number", **kwargs
+    default: Any = dataclasses.MISSING,
+    *,
+    check: Check | None = None,
+    kind: str = "number",
+    optional: bool = False,
+    **kwargs,
 ):
     """A numeric hyperparameter field: an array leaf, validated at construction by `check`.
 
     `kind` says what it accepts: "number" (the default), "number_or_schedule" (see
-    `scalar_or_schedule`) or "schedule". `None` is accepted only where it is the default.
+    `scalar_or_schedule`) or "schedule". `None` is accepted where it is the default or where
+    the field is `optional` (`None` switches the feature off, e.g. Adafactor's clipping).
     """
     if kind not in _KINDS:
         raise ValueError(f"Unknown hyperparameter kind {kind!r}; the kinds are {sorted(_KINDS)}.")
     metadata = dict(kwargs.pop("metadata", {}))
     metadata[_CHECK] = check
     metadata[_KIND] = kind
+    metadata[_OPTIONAL] = optional or default is None
     converter = kwargs.pop("converter", as_hyperparameter)
     return eqx.field(default=default, converter=converter, metadata=metadata, **kwargs)
 
@@ -285,7 +295,7 @@ def validate_hyperparameters(module: eqx.Module) -> None:
                     raise ValueError(f"Invalid {name}: {_shown(entry)} (expected a number or a schedule) {where}.")
             continue
         if value is None:
-            if f.default is None:
+            if f.metadata.get(_OPTIONAL, False):
                 continue
             raise ValueError(f"Invalid {f.name}: None (expected {_KINDS[kind]}) {where}.")
         if callable(value) or isinstance(value, eqx.Module) and not isinstance(value, Rate):

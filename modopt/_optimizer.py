@@ -23,6 +23,7 @@ from ._numerics import safe_increment
 from ._signature import ModelSignature
 from ._trees import is_none
 from ._updates import apply_updates
+from .combinators._diagnostics import diagnostics
 from .sharding._shardings import Layout, derive_layout, update_on_mesh
 
 
@@ -138,6 +139,12 @@ class Optimizer(eqx.Module):
         Those that live in the state (`inject_hyperparams`) are read there.
         """
         return hyperparameters_with_state(self.tx, self.state)
+
+    @property
+    def diagnostics(self) -> dict[str, jax.Array]:
+        """What the last step did, recorded by `modopt.with_diagnostics` in the transform:
+        gradient and update norms, the learning rate applied, step and skipped-step counts."""
+        return diagnostics(self.tx, self.state)
 
     @property
     def learning_rates(self) -> dict[str, jax.Array]:

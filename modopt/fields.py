@@ -21,7 +21,9 @@ import numpy as np
 
 from ._fields import FINITE as FINITE
 from ._fields import NONNEGATIVE as NONNEGATIVE
+from ._fields import NONNEGATIVE_INTEGER as NONNEGATIVE_INTEGER
 from ._fields import POSITIVE as POSITIVE
+from ._fields import POSITIVE_INTEGER as POSITIVE_INTEGER
 from ._fields import PROBABILITY_EXCLUSIVE as PROBABILITY_EXCLUSIVE
 from ._fields import UNIT as UNIT
 from ._fields import Check as Check

@@ -38,3 +38,15 @@ def test_the_adding_a_transform_example_runs():
     new_params, _ = optimizer.step(params, {"w": jnp.full(3, 2.0)})
     # nu = 0.1 * 2 after one step, so the update is -0.1 * 2 / (0.2 + 1e-8).
     assert jnp.allclose(new_params["w"], 1.0 - 0.1 * 2.0 / (0.2 + 1e-8))
+
+
+def test_the_quickstart_runs(capsys):
+    """The README's quickstart blocks, run in order as one script."""
+    text = open(README).read()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) >= 4, len(blocks)
+    namespace: dict = {}
+    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "'steps': 1.0" in out and "grad_norm" in out, out[-2000:]

@@ -1,18 +1,59 @@
 """Combinators: transforms built from other transforms."""
 
+from ._accumulate import ApplyEvery as ApplyEvery
+from ._accumulate import ApplyEveryK as ApplyEveryK
+from ._accumulate import MultiSteps as MultiSteps
+from ._accumulate import MultiStepsState as MultiStepsState
+from ._accumulate import ShouldSkipUpdateFunction as ShouldSkipUpdateFunction
+from ._accumulate import apply_every as apply_every
+from ._accumulate import skip_large_updates as skip_large_updates
+from ._accumulate import skip_not_finite as skip_not_finite
 from ._chain import Chain as Chain
 from ._chain import NamedChain as NamedChain
 from ._chain import chain as chain
 from ._chain import named_chain as named_chain
+from ._conditional import ConditionallyMask as ConditionallyMask
+from ._conditional import ConditionallyMaskState as ConditionallyMaskState
+from ._conditional import ConditionallyTransform as ConditionallyTransform
+from ._conditional import ConditionallyTransformState as ConditionallyTransformState
+from ._conditional import ConditionFn as ConditionFn
+from ._conditional import conditionally_mask as conditionally_mask
+from ._conditional import conditionally_transform as conditionally_transform
+from ._conditional import maybe_update as maybe_update
+from ._diagnostics import DiagnosticsState as DiagnosticsState
+from ._diagnostics import WithDiagnostics as WithDiagnostics
+from ._diagnostics import diagnostics as diagnostics
+from ._diagnostics import with_diagnostics as with_diagnostics
+from ._finite import ApplyIfFinite as ApplyIfFinite
+from ._finite import ApplyIfFiniteState as ApplyIfFiniteState
+from ._finite import apply_if_finite as apply_if_finite
+from ._flatten import Flatten as Flatten
+from ._flatten import flatten as flatten
+from ._freeze import Freeze as Freeze
+from ._freeze import SelectiveTransform as SelectiveTransform
+from ._freeze import freeze as freeze
+from ._freeze import selective_transform as selective_transform
+from ._inject import InjectHyperparams as InjectHyperparams
+from ._inject import InjectHyperparamsState as InjectHyperparamsState
+from ._inject import inject_hyperparams as inject_hyperparams
+from ._lookahead import Lookahead as Lookahead
+from ._lookahead import LookaheadParams as LookaheadParams
+from ._lookahead import LookaheadState as LookaheadState
+from ._lookahead import lookahead as lookahead
 from ._masked import Masked as Masked
 from ._masked import MaskedNode as MaskedNode
 from ._masked import MaskedState as MaskedState
 from ._masked import masked as masked
+from ._monitor import MeasureWithEma as MeasureWithEma
+from ._monitor import Monitor as Monitor
+from ._monitor import MonitorState as MonitorState
+from ._monitor import Snapshot as Snapshot
+from ._monitor import SnapshotState as SnapshotState
+from ._monitor import measure_with_ema as measure_with_ema
+from ._monitor import monitor as monitor
+from ._monitor import snapshot as snapshot
 from ._partition import Partition as Partition
 from ._partition import PartitionState as PartitionState
 from ._partition import multi_transform as multi_transform
 from ._partition import partition as partition
-
-# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
-
-# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).
+from ._scale_gradient import scale_gradient as scale_gradient

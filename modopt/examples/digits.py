@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     schedule = modopt.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=3e-3, warmup_steps=min(50, total_steps // 5), decay_steps=total_steps
     )
-    tx = modopt.chain(modopt.clip_by_global_norm(1.0), modopt.adamw(schedule, weight_decay=1e-4))
+    # `with_diagnostics` records each step's gradient and update norms in the state.
+    tx = modopt.with_diagnostics(modopt.chain(modopt.clip_by_global_norm(1.0), modopt.adamw(schedule, weight_decay=1e-4)))
     optimizer = modopt.Optimizer(tx, model)
 
     if args.fresh:
@@ -131,8 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                 history[epoch - 1] = float(jnp.mean(jnp.stack(losses)))
                 checkpoints.save(epoch, model=model, optimizer=optimizer, run=_run(args, epoch, history))  # in the background
                 plot_losses(history, os.path.join(args.checkpoint_dir, "loss_curve.png"))
-                # `optimizer.learning_rate` is the scheduled rate the next step will use.
-                line = f"epoch {epoch:3d}  train loss {history[epoch - 1]:.4f}  learning rate {float(optimizer.learning_rate):.2e}"
+                # `optimizer.learning_rate` is the scheduled rate the next step will use; the
+                # diagnostics are the last step's.
+                seen = optimizer.diagnostics
+                line = (
+                    f"epoch {epoch:3d}  train loss {history[epoch - 1]:.4f}  learning rate "
+                    f"{float(optimizer.learning_rate):.2e}  grad norm {float(seen['grad_norm']):.3f}  "
+                    f"update norm {float(seen['update_norm']):.2e}"
+                )
                 progress.write(line) if not progress.disable else print(line, flush=True)
         except KeyboardInterrupt:
             progress.close()

@@ -40,6 +40,8 @@ from ._layerwise import fromage as fromage
 from ._layerwise import lamb as lamb
 from ._layerwise import lars as lars
 from ._layerwise import sign_sgd as sign_sgd
+from ._lbfgs import Lbfgs as Lbfgs
+from ._lbfgs import lbfgs as lbfgs
 from ._sgd import Sgd as Sgd
 from ._sgd import sgd as sgd
 from ._special import NoisySgd as NoisySgd
@@ -57,10 +59,3 @@ from ._special import polyak_sgd as polyak_sgd
 from ._special import rprop as rprop
 from ._special import sm3 as sm3
 
-# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
-
-# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).
-
-# Line searches and L-BFGS.
-
-# Schedules.

@@ -38,7 +38,7 @@ class Adafactor(AbstractComposite):
     decay_rate: Any = hyperparameter(default=0.8, check=UNIT)
     decay_offset: Any = hyperparameter(default=0, check=NONNEGATIVE)
     multiply_by_parameter_scale: bool = static(default=True)
-    clipping_threshold: Any = hyperparameter(default=1.0, check=POSITIVE)
+    clipping_threshold: Any = hyperparameter(default=1.0, check=POSITIVE, optional=True)
     momentum: Any = fields.decay_rate(None, check=UNIT)
     dtype_momentum: Any = fields.dtype(jnp.float32)
     weight_decay_rate: Any = fields.weight_decay(None)

@@ -7,6 +7,18 @@ from ._base import ScalarOrSchedule as ScalarOrSchedule
 from ._base import Schedule as Schedule
 from ._base import as_schedule as as_schedule
 from ._base import scalar_or_schedule as scalar_or_schedule
+from ._cyclic import cosine_onecycle_schedule as cosine_onecycle_schedule
+from ._cyclic import linear_onecycle_schedule as linear_onecycle_schedule
+from ._cyclic import sgdr_schedule as sgdr_schedule
+from ._exponential import ExponentialDecaySchedule as ExponentialDecaySchedule
+from ._exponential import WarmupExponentialDecaySchedule as WarmupExponentialDecaySchedule
+from ._exponential import exponential_decay as exponential_decay
+from ._exponential import warmup_exponential_decay_schedule as warmup_exponential_decay_schedule
+from ._piecewise import PiecewiseConstantSchedule as PiecewiseConstantSchedule
+from ._piecewise import PiecewiseInterpolateSchedule as PiecewiseInterpolateSchedule
+from ._piecewise import piecewise_constant_schedule as piecewise_constant_schedule
+from ._piecewise import piecewise_interpolate_schedule as piecewise_interpolate_schedule
+from ._piecewise import piecewise_linear_schedule as piecewise_linear_schedule
 from ._schedules import ConstantSchedule as ConstantSchedule
 from ._schedules import CosineDecaySchedule as CosineDecaySchedule
 from ._schedules import JoinSchedules as JoinSchedules
@@ -18,11 +30,3 @@ from ._schedules import join_schedules as join_schedules
 from ._schedules import linear_schedule as linear_schedule
 from ._schedules import polynomial_schedule as polynomial_schedule
 from ._schedules import warmup_cosine_decay_schedule as warmup_cosine_decay_schedule
-
-# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
-
-# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).
-
-# Line searches and L-BFGS.
-
-# Schedules.

@@ -9,10 +9,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._fields import NONNEGATIVE, POSITIVE, as_hyperparameter, hyperparameter, is_concrete
 from ._base import AbstractSchedule, as_schedule, value_at
+
+
+def as_count(count: Any) -> Any:
+    """A step count as JAX takes it: an integer beyond JAX's default integer type becomes a float.
+
+    Without x64, `10**10` does not fit int32 and JAX refuses it; as a float32 it is exact up
+    to 2**24 and within a relative 6e-8 beyond. Every other count (arrays included) is
+    returned unchanged, so int32 counts keep integer arithmetic.
+    """
+    if isinstance(count, (int, np.integer)) and not isinstance(count, (bool, np.bool_)):
+        limits = np.iinfo(jax.dtypes.canonicalize_dtype(int))
+        if not limits.min <= count <= limits.max:
+            return float(count)
+    return count
 
 
 class ConstantSchedule(AbstractSchedule):
@@ -40,6 +56,7 @@ class PolynomialSchedule(AbstractSchedule):
     transition_begin: Any = hyperparameter(default=0)
 
     def __call__(self, count):
+        count = as_count(count)
         begin = jnp.maximum(self.transition_begin, 0)
         steps = jnp.maximum(self.transition_steps, 1)
         t = jnp.clip(count - begin, 0, steps)
@@ -94,6 +111,7 @@ class JoinSchedules(AbstractSchedule):
         self.boundaries = tuple(as_hyperparameter(b) for b in boundaries)
 
     def __call__(self, count):
+        count = as_count(count)
         value = value_at(self.schedules[0], count)
         for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
             value = jnp.where(count < boundary, value, value_at(schedule, count - boundary))

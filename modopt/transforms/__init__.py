@@ -55,6 +55,13 @@ from ._layerwise import centralize as centralize
 from ._layerwise import normalize_by_update_norm as normalize_by_update_norm
 from ._layerwise import scale_by_sign as scale_by_sign
 from ._layerwise import scale_by_trust_ratio as scale_by_trust_ratio
+from ._lbfgs import ScaleByLBFGS as ScaleByLBFGS
+from ._lbfgs import ScaleByLBFGSState as ScaleByLBFGSState
+from ._lbfgs import scale_by_lbfgs as scale_by_lbfgs
+from ._linesearch import BacktrackingLinesearchInfo as BacktrackingLinesearchInfo
+from ._linesearch import ScaleByBacktrackingLinesearch as ScaleByBacktrackingLinesearch
+from ._linesearch import ScaleByBacktrackingLinesearchState as ScaleByBacktrackingLinesearchState
+from ._linesearch import scale_by_backtracking_linesearch as scale_by_backtracking_linesearch
 from ._lion import ScaleByLion as ScaleByLion
 from ._lion import ScaleByLionState as ScaleByLionState
 from ._lion import scale_by_lion as scale_by_lion
@@ -113,11 +120,8 @@ from ._weight_decay import AddDecayedWeights as AddDecayedWeights
 from ._weight_decay import AddDecayedWeightsState as AddDecayedWeightsState
 from ._weight_decay import WeightDecaySchedule as WeightDecaySchedule
 from ._weight_decay import add_decayed_weights as add_decayed_weights
+from ._zoom import ScaleByZoomLinesearch as ScaleByZoomLinesearch
+from ._zoom import ScaleByZoomLinesearchState as ScaleByZoomLinesearchState
+from ._zoom import ZoomLinesearchInfo as ZoomLinesearchInfo
+from ._zoom import scale_by_zoom_linesearch as scale_by_zoom_linesearch
 
-# Wrappers (apply_every, apply_if_finite, MultiSteps, lookahead, conditional transforms).
-
-# Monitoring and selection (flatten, freeze, selective_transform, monitor, snapshot, measure_with_ema, scale_gradient).
-
-# Line searches and L-BFGS.
-
-# Schedules.

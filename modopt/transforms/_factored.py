@@ -72,14 +72,14 @@ class ScaleByFactoredRms(AbstractTransform):
 
     def init(self, params):
         def one(p):
-            placeholder = jnp.zeros((1,), p.dtype)
+            placeholder = lambda: jnp.zeros((1,), p.dtype)  # noqa: E731  (one array per field: each is donated)
             dims = self._dims(p)
             if dims is None:
-                return placeholder, placeholder, jnp.zeros_like(p)
+                return placeholder(), placeholder(), jnp.zeros_like(p)
             d1, d0 = dims
             row = jnp.zeros(np.delete(p.shape, d0), p.dtype)
             col = jnp.zeros(np.delete(p.shape, d1), p.dtype)
-            return row, col, placeholder
+            return row, col, placeholder()
 
         leaves, treedef = jax.tree_util.tree_flatten(params)
         return _factored_state(jnp.zeros([], jnp.int32), treedef, [one(p) for p in leaves])

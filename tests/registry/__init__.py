@@ -7,7 +7,7 @@ is skipped by name: an entry's fields say what applies to it.
 
 from __future__ import annotations
 
-from . import adaptive, core, inject, layerwise, linesearch, monitoring, special, wrappers
+from . import adaptive, core, diagnostics, inject, layerwise, linesearch, monitoring, special, wrappers
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -21,6 +21,7 @@ ENTRIES: list[Entry] = [
     *monitoring.ENTRIES,
     *linesearch.ENTRIES,
     *inject.ENTRIES,
+    *diagnostics.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -1,0 +1,112 @@
+"""Exponential decay, alone or after a linear warmup.
+
+The numbers (values, rate, step counts) are array leaves, so a new rate or length reuses
+the compiled step; `staircase` and whether there is an `end_value` are structure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, static
+from ._base import AbstractSchedule
+from ._schedules import JoinSchedules, as_count, linear_schedule
+
+
+class ExponentialDecaySchedule(AbstractSchedule):
+    r"""Exponential decay: `init_value` times `decay_rate` per `transition_steps` steps.
+
+    With `s = count - max(transition_begin, 0)`:
+
+        value = init_value                                          if s <= 0
+        value = init_value * decay_rate ** (s / transition_steps)   otherwise
+
+    With `staircase=True` the exponent is `floor(s / transition_steps)`: the value drops by a
+    factor `decay_rate` at each multiple of `transition_steps` and is flat in between.
+
+    With an `end_value`, the decay stops there: it is a floor when `decay_rate < 1` and a
+    ceiling when `decay_rate >= 1` (`value = max(value, end_value)`, resp. `min`).
+
+    Args:
+        init_value: the value before (and at) `transition_begin`.
+        transition_steps: the number of steps per factor of `decay_rate`; must be > 0.
+        decay_rate: the factor per `transition_steps` steps; must be > 0 (below 1 decays,
+            above 1 grows).
+        transition_begin: the step at which the decay starts; a negative value counts as 0.
+        staircase: decay in discrete jumps rather than continuously (structure: static).
+        end_value: optional bound where the decay stops (see above).
+
+    Example:
+        >>> schedule = modopt.exponential_decay(1.0, transition_steps=10, decay_rate=0.5)
+        >>> float(schedule(20))
+        0.25
+    """
+
+    init_value: Any = hyperparameter()
+    transition_steps: Any = hyperparameter(check=POSITIVE)
+    decay_rate: Any = hyperparameter(check=POSITIVE)
+    transition_begin: Any = hyperparameter(default=0)
+    staircase: bool = static(default=False)
+    end_value: Any = hyperparameter(default=None)
+
+    def __call__(self, count):
+        elapsed = as_count(count) - jnp.maximum(self.transition_begin, 0)
+        exponent = elapsed / self.transition_steps
+        if self.staircase:
+            exponent = jnp.floor(exponent)
+        value = jnp.where(
+            elapsed <= 0, self.init_value, self.init_value * jnp.power(self.decay_rate, exponent)
+        )
+        if self.end_value is not None:
+            floor, ceiling = jnp.maximum(value, self.end_value), jnp.minimum(value, self.end_value)
+            value = jnp.where(self.decay_rate < 1, floor, ceiling)
+        return value
+
+
+class WarmupExponentialDecaySchedule(AbstractSchedule):
+    r"""Linear warmup from `init_value` to `peak_value`, then exponential decay from `peak_value`.
+
+    For `count < warmup_steps`:
+    `init_value + (peak_value - init_value) * count / warmup_steps`; from `warmup_steps` on,
+    `ExponentialDecaySchedule(peak_value, transition_steps, decay_rate, transition_begin,
+    staircase, end_value)` at `count - warmup_steps` (so `transition_begin` counts from the
+    end of the warmup). This is `join_schedules` of the two phases, see `as_join`.
+
+    Args:
+        init_value: the value at step 0.
+        peak_value: the value at the end of the warmup, where the decay starts.
+        warmup_steps: the length of the warmup, >= 0 (0: no warmup).
+        transition_steps, decay_rate, transition_begin, staircase, end_value: the decay
+            phase, as in `exponential_decay`.
+    """
+
+    init_value: Any = hyperparameter()
+    peak_value: Any = hyperparameter()
+    warmup_steps: Any = hyperparameter(check=NONNEGATIVE)
+    transition_steps: Any = hyperparameter(check=POSITIVE)
+    decay_rate: Any = hyperparameter(check=POSITIVE)
+    transition_begin: Any = hyperparameter(default=0)
+    staircase: bool = static(default=False)
+    end_value: Any = hyperparameter(default=None)
+
+    def as_join(self) -> JoinSchedules:
+        """The same schedule written as a join of its two phases."""
+        warmup = linear_schedule(self.init_value, self.peak_value, self.warmup_steps)
+        decay = ExponentialDecaySchedule(
+            self.peak_value,
+            self.transition_steps,
+            self.decay_rate,
+            self.transition_begin,
+            self.staircase,
+            self.end_value,
+        )
+        return JoinSchedules((warmup, decay), (self.warmup_steps,))
+
+    def __call__(self, count):
+        return self.as_join()(count)
+
+
+exponential_decay = ExponentialDecaySchedule
+warmup_exponential_decay_schedule = WarmupExponentialDecaySchedule

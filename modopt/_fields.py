@@ -410,13 +410,16 @@ def resolve_tree(value: Any, params: Any) -> Any:
 
 
 def pretty(module: eqx.Module) -> str:
-    """The module's repr with concrete scalar hyperparameters shown as numbers."""
+    """The module's repr with concrete scalar hyperparameters shown as numbers, and short
+    vectors (a schedule's boundaries) as lists of numbers."""
 
     def number(leaf):
         if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             return leaf
         if isinstance(leaf, (jax.Array, Rate)) and is_concrete(leaf) and np.ndim(leaf) == 0:
             return _Number(np.asarray(leaf)[()])
+        if isinstance(leaf, jax.Array) and is_concrete(leaf) and np.ndim(leaf) == 1 and leaf.size <= 8:
+            return _Number("[" + ", ".join(str(x) for x in np.asarray(leaf)) + "]")
         return leaf
 
     is_rate = lambda x: isinstance(x, Rate)  # noqa: E731
@@ -445,7 +448,7 @@ def _hashable(leaf: Any) -> Any:
 
 
 class _Number:
-    """Prints a NumPy scalar at its own precision (`0.001`, not `0.0010000000474974513`)."""
+    """Prints a NumPy scalar at its own precision (`0.001`, not `0.0010000000474974513`), or a list."""
 
     def __init__(self, value):
         self.value = value

@@ -586,6 +586,18 @@ def test_join_schedules_new_numbers_do_not_retrace():
     assert len(traces) == 1
 
 
+def test_join_schedules_boundaries_are_hyperparameters():
+    pieces = [modopt.constant_schedule(1.0), modopt.linear_schedule(2.0, 0.0, 10)]
+    tx = modopt.sgd(modopt.join_schedules(pieces, [5]))
+    assert "boundaries" in modopt.hyperparameters(tx)
+    moved = modopt.set_hyperparameters(tx, boundaries=[7])
+    theirs = optax.join_schedules([optax.constant_schedule(1.0), optax.linear_schedule(2.0, 0.0, 10)], [7])
+    counts = jnp.arange(20, dtype=jnp.int32)
+    _assert_close(jax.vmap(moved.learning_rate)(counts), jax.vmap(theirs)(counts), "join with moved boundaries")
+    with pytest.raises(ValueError, match="shape"):
+        modopt.set_hyperparameters(tx, boundaries=[3, 7])
+
+
 def test_schedule_inside_optimizer_does_not_retrace():
     # The schedule reaches the jitted step through the transform (a learning rate field).
     traces = []

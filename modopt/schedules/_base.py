@@ -9,11 +9,14 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .._fields import (
     Check,
     as_hyperparameter,
     hyperparameter,
+    is_concrete,
     pretty,
     static,
     tree_hash,
@@ -77,6 +80,31 @@ def as_schedule(value: Any) -> Any:
     if isinstance(value, AbstractSchedule) or not callable(value):
         return value
     return FunctionSchedule(value)
+
+
+def as_vector(values: Any, dtype: Any) -> jax.Array:
+    """A 1-D array of `values` (a sequence of numbers, or an array) of the given dtype kind."""
+    if isinstance(values, jax.Array):
+        return values
+    values = tuple(values)
+    if not values:
+        return jnp.zeros((0,), dtype)
+    if any(isinstance(v, jax.core.Tracer) for v in values):
+        return jnp.stack([jnp.asarray(v) for v in values]).astype(dtype)
+    return jnp.asarray(np.asarray(values), dtype)
+
+
+def as_boundaries(values: Any) -> jax.Array:
+    """Step boundaries as a 1-D array: integers where they fit JAX's default integer type,
+    else floats; traced boundaries keep their own dtype."""
+    if isinstance(values, jax.Array):
+        return values
+    values = tuple(values)
+    if not all(is_concrete(v) for v in values):
+        return jnp.stack([jnp.asarray(v) for v in values])
+    limits = np.iinfo(jax.dtypes.canonicalize_dtype(int))
+    integral = all(np.issubdtype(np.asarray(v).dtype, np.integer) and limits.min <= int(v) <= limits.max for v in values)
+    return as_vector(values, int if integral or not values else float)
 
 
 def is_schedule(value: Any) -> bool:

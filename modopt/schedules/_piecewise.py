@@ -16,37 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._fields import NONNEGATIVE, _shown, choice, hyperparameter, is_concrete
-from ._base import AbstractSchedule
+from ._base import AbstractSchedule, as_boundaries, as_vector
 from ._schedules import as_count
 
 
-def _as_vector(values: Any, dtype: Any) -> jax.Array:
-    """A 1-D array of `values` (a sequence of numbers, or an array) of the given dtype kind."""
-    if isinstance(values, jax.Array):
-        return values
-    values = tuple(values)
-    if not values:
-        return jnp.zeros((0,), dtype)
-    if any(isinstance(v, jax.core.Tracer) for v in values):
-        return jnp.stack([jnp.asarray(v) for v in values]).astype(dtype)
-    return jnp.asarray(np.asarray(values), dtype)
-
-
-def _as_boundaries(values: Any) -> jax.Array:
-    """Boundaries as integers where they fit JAX's default integer type, else as floats."""
-    if isinstance(values, jax.Array):
-        return values
-    values = tuple(values)
-    concrete = all(is_concrete(v) for v in values)
-    limits = np.iinfo(jax.dtypes.canonicalize_dtype(int))
-    integral = concrete and all(
-        np.issubdtype(np.asarray(v).dtype, np.integer) and limits.min <= int(v) <= limits.max for v in values
-    )
-    return _as_vector(values, int if integral or not values else float)
-
-
 def _as_scales(values: Any) -> jax.Array:
-    return _as_vector(values, float)
+    return as_vector(values, float)
 
 
 def _check_pieces(module: Any) -> None:
@@ -89,7 +64,7 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     """
 
     init_value: Any = hyperparameter()
-    boundaries: Any = hyperparameter(default=(), converter=_as_boundaries)
+    boundaries: Any = hyperparameter(default=(), converter=as_boundaries)
     scales: Any = hyperparameter(default=(), check=NONNEGATIVE, converter=_as_scales)
 
     def __check_init__(self):
@@ -157,7 +132,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
 
     interpolate_type: str = choice(dataclasses.MISSING, tuple(_INTERPOLATE))
     init_value: Any = hyperparameter()
-    boundaries: Any = hyperparameter(default=(), converter=_as_boundaries)
+    boundaries: Any = hyperparameter(default=(), converter=as_boundaries)
     scales: Any = hyperparameter(default=(), check=NONNEGATIVE, converter=_as_scales)
 
     def __check_init__(self):

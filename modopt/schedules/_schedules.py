@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._fields import NONNEGATIVE, POSITIVE, as_hyperparameter, hyperparameter, is_concrete
-from ._base import AbstractSchedule, as_schedule, value_at
+from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
 
 
 def as_count(count: Any) -> Any:
@@ -95,25 +95,30 @@ class JoinSchedules(AbstractSchedule):
     """`schedules[i]` from `boundaries[i - 1]` on, each restarted at its boundary.
 
     Step `count` uses the last schedule whose boundary is <= count, called with
-    `count - boundary`.
+    `count - boundary`. The boundaries are a 1-D array hyperparameter (`set(boundaries=...)`
+    moves them without a retrace); their number is structure.
     """
 
     schedules: tuple[AbstractSchedule, ...]
-    boundaries: tuple[Any, ...]
+    boundaries: Any = hyperparameter(converter=as_boundaries)
 
-    def __init__(self, schedules: Sequence[Any], boundaries: Sequence[Any]):
-        if len(schedules) != len(boundaries) + 1:
-            raise ValueError(
-                f"join_schedules needs one more schedule than boundaries: got "
-                f"{len(schedules)} schedules and {len(boundaries)} boundaries."
-            )
+    def __init__(self, schedules: Sequence[Any], boundaries: Any):
         self.schedules = tuple(as_schedule(s) for s in schedules)
-        self.boundaries = tuple(as_hyperparameter(b) for b in boundaries)
+        self.boundaries = as_boundaries(boundaries)
+
+    def __check_init__(self):
+        super().__check_init__()
+        if jnp.shape(self.boundaries) != (len(self.schedules) - 1,):
+            raise ValueError(
+                f"join_schedules needs one more schedule than boundaries: got {len(self.schedules)} "
+                f"schedules and boundaries of shape {jnp.shape(self.boundaries)}."
+            )
 
     def __call__(self, count):
         count = as_count(count)
         value = value_at(self.schedules[0], count)
-        for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
+        for i, schedule in enumerate(self.schedules[1:]):
+            boundary = self.boundaries[i]
             value = jnp.where(count < boundary, value, value_at(schedule, count - boundary))
         return value
 

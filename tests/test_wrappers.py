@@ -449,3 +449,25 @@ def test_skipped_steps_are_reported():
         _, state = multi.update(grads, state, params)
         seen.append(bool(multi.skipped_last_step(state)))
     assert seen == [True, False, True, True, False]
+
+
+def test_diagnostics_count_the_steps_apply_if_finite_skips():
+    """`Optimizer.diagnostics` behind `apply_if_finite`: a NaN step is counted as skipped and
+    changes nothing; on a taken SGD step the effective learning rate is the learning rate."""
+    params = make_params()
+    optimizer = modopt.Optimizer(modopt.with_diagnostics(modopt.apply_if_finite(modopt.sgd(0.1), 5)), params)
+    step = eqx.filter_jit(lambda optimizer, params, grads: optimizer.step(params, grads))
+    params, optimizer = step(optimizer, params, make_grads(0))
+    before = params
+    params, optimizer = step(optimizer, params, _with_nan(make_grads(1)))
+    assert_trees_close(params, before, rtol=0, atol=0)
+    seen = optimizer.diagnostics
+    assert (int(seen["steps"]), int(seen["skipped_steps"])) == (2, 1)
+    assert np.isnan(float(seen["grad_norm"])) and float(seen["update_norm"]) == 0.0
+    params, optimizer = step(optimizer, params, make_grads(2))
+    seen = optimizer.diagnostics
+    grad_norm = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(make_grads(2))))
+    assert (int(seen["steps"]), int(seen["skipped_steps"])) == (3, 1)
+    np.testing.assert_allclose(float(seen["grad_norm"]), grad_norm, rtol=1e-6)
+    np.testing.assert_allclose(float(seen["learning_rate"]), 0.1, rtol=1e-7)
+    np.testing.assert_allclose(float(seen["effective_learning_rate"]), 0.1, rtol=1e-6)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import NONNEGATIVE, POSITIVE, as_hyperparameter, hyperparameter, is_concrete
+from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, is_concrete
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
 
 

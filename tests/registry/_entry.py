@@ -12,6 +12,20 @@ MASK = {"matrix": True, "vector": False, "scalar": False, "cube": True, "big": T
 LABELS = {"matrix": "a", "vector": "b", "scalar": "b", "cube": "a", "big": "c"}
 
 
+def schedule():
+    """The schedule entries share: warmup to 0.05 in 3 steps, cosine decay to 0.001 at 50."""
+    import modopt
+
+    return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
+
+
+def optax_schedule():
+    """`schedule()` in optax."""
+    import optax
+
+    return optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """How to build a transform, its oracle, and what it supports.

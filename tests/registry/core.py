@@ -8,16 +8,7 @@ import optax
 
 import modopt
 
-from ._entry import LABELS, MASK, Entry
-
-
-def _schedule():
-    return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
-
-def _optax_schedule():
-    return optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
+from ._entry import LABELS, MASK, Entry, optax_schedule, schedule
 
 ENTRIES = [
     # --- stateless and scaling -----------------------------------------------------------
@@ -43,8 +34,8 @@ ENTRIES = [
     ),
     Entry(
         "scale_by_learning_rate_schedule",
-        lambda: modopt.scale_by_learning_rate(_schedule()),
-        lambda: optax.scale_by_learning_rate(_optax_schedule()),
+        lambda: modopt.scale_by_learning_rate(schedule()),
+        lambda: optax.scale_by_learning_rate(optax_schedule()),
         ("peak_value", 0.07),
         descent=True,
         steps_to_converge=50,
@@ -52,8 +43,8 @@ ENTRIES = [
     ),
     Entry(
         "scale_by_schedule",
-        lambda: modopt.scale_by_schedule(_schedule()),
-        lambda: optax.scale_by_schedule(_optax_schedule()),
+        lambda: modopt.scale_by_schedule(schedule()),
+        lambda: optax.scale_by_schedule(optax_schedule()),
         ("peak_value", 0.07),
         converges=False,
     ),
@@ -119,8 +110,8 @@ ENTRIES = [
     ),
     Entry(
         "add_decayed_weights_schedule_mask_fn",
-        lambda: modopt.add_decayed_weights(_schedule(), mask=_mask_fn),
-        lambda: optax.add_decayed_weights(_optax_schedule(), mask=_mask_fn),
+        lambda: modopt.add_decayed_weights(schedule(), mask=_mask_fn),
+        lambda: optax.add_decayed_weights(optax_schedule(), mask=_mask_fn),
         ("peak_value", 0.2),
     ),
     Entry("clip", lambda: modopt.clip(0.5), lambda: optax.clip(0.5), ("max_delta", 0.25), descent_lr=0.05),
@@ -213,8 +204,8 @@ ENTRIES = [
     ),
     Entry(
         "adam_schedule_nesterov",
-        lambda: modopt.adam(_schedule(), b1=0.8, nesterov=True),
-        lambda: optax.adam(_optax_schedule(), b1=0.8, nesterov=True),
+        lambda: modopt.adam(schedule(), b1=0.8, nesterov=True),
+        lambda: optax.adam(optax_schedule(), b1=0.8, nesterov=True),
         ("peak_value", 0.1),
         descent=True,
         converges=False,  # the schedule decays to ~0 after 50 steps, by design

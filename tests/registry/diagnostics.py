@@ -9,7 +9,7 @@ import optax
 
 import modopt
 
-from ._entry import Entry
+from ._entry import Entry, optax_schedule, schedule
 
 
 class DiagnosticsReference:
@@ -35,20 +35,12 @@ class DiagnosticsReference:
         )
 
 
-def _schedule():
-    return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
-
-def _optax_schedule():
-    return optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
-
 ENTRIES = [
     Entry(
         "with_diagnostics_adamw_schedule",
-        lambda: modopt.with_diagnostics(modopt.chain(modopt.clip_by_global_norm(100.0), modopt.adamw(_schedule(), weight_decay=1e-2))),
+        lambda: modopt.with_diagnostics(modopt.chain(modopt.clip_by_global_norm(100.0), modopt.adamw(schedule(), weight_decay=1e-2))),
         lambda: DiagnosticsReference(
-            optax.chain(optax.clip_by_global_norm(100.0), optax.adamw(_optax_schedule(), weight_decay=1e-2)), _optax_schedule()
+            optax.chain(optax.clip_by_global_norm(100.0), optax.adamw(optax_schedule(), weight_decay=1e-2)), optax_schedule()
         ),
         ("peak_value", 0.07),
         descent=True,

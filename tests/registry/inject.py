@@ -13,7 +13,7 @@ from optax.schedules._inject import InjectStatefulHyperparamsState, WrappedSched
 
 import modopt
 
-from ._entry import MASK, Entry
+from ._entry import MASK, Entry, optax_schedule, schedule
 
 
 class SeedsLayout:
@@ -33,14 +33,6 @@ class SeedsLayout:
         return updates, modopt.InjectHyperparamsState(new.count, new.hyperparams, new.inner_state)
 
 
-def _schedule():
-    return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
-
-def _optax_schedule():
-    return optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
-
 ENTRIES = [
     Entry(
         "inject_adam",
@@ -54,8 +46,8 @@ ENTRIES = [
     ),
     Entry(
         "inject_sgd_schedule_momentum",
-        lambda: modopt.inject_hyperparams(modopt.sgd)(learning_rate=_schedule(), momentum=0.9),
-        lambda: SeedsLayout(optax.inject_hyperparams(optax.sgd)(learning_rate=_optax_schedule(), momentum=0.9), ["learning_rate"]),
+        lambda: modopt.inject_hyperparams(modopt.sgd)(learning_rate=schedule(), momentum=0.9),
+        lambda: SeedsLayout(optax.inject_hyperparams(optax.sgd)(learning_rate=optax_schedule(), momentum=0.9), ["learning_rate"]),
         ("peak_value", 0.07),  # a number of the schedule, in the transform
         descent=True,
         converges=False,  # the schedule decays to ~0 after 50 steps, by design

@@ -8,15 +8,7 @@ import optax
 
 import modopt
 
-from ._entry import MASK, Entry
-
-
-def _schedule():
-    return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
-
-def _optax_schedule():
-    return optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
+from ._entry import MASK, Entry, optax_schedule, schedule
 
 
 def _mask_fn(params):
@@ -163,8 +155,8 @@ ENTRIES = [
     ),
     Entry(
         "fromage_schedule",
-        lambda: modopt.fromage(_schedule(), min_norm=1e-3),
-        lambda: optax.fromage(_optax_schedule(), min_norm=1e-3),
+        lambda: modopt.fromage(schedule(), min_norm=1e-3),
+        lambda: optax.fromage(optax_schedule(), min_norm=1e-3),
         ("peak_value", 0.07),
         descent=True,
         converges=False,  # the schedule decays to ~0 after 50 steps, by design

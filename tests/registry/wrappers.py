@@ -15,15 +15,7 @@ import optax
 
 import modopt
 
-from ._entry import Entry
-
-
-def _schedule():
-    return modopt.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
-
-
-def _optax_schedule():
-    return optax.warmup_cosine_decay_schedule(0.0, 0.05, 3, 50, end_value=0.001)
+from ._entry import Entry, optax_schedule, schedule
 
 
 def _value(loss, params):
@@ -115,8 +107,8 @@ ENTRIES = [
     ),
     Entry(
         "multi_steps_schedule",  # the inner schedule advances once per gradient step
-        lambda: modopt.MultiSteps(modopt.adam(_schedule()), 2),
-        lambda: optax.MultiSteps(optax.adam(_optax_schedule()), 2),
+        lambda: modopt.MultiSteps(modopt.adam(schedule()), 2),
+        lambda: optax.MultiSteps(optax.adam(optax_schedule()), 2),
         ("peak_value", 0.07),
         descent=True,
         converges=False,  # the schedule decays to ~0 after 50 steps, by design

@@ -7,7 +7,7 @@ is skipped by name: an entry's fields say what applies to it.
 
 from __future__ import annotations
 
-from . import adaptive, core, diagnostics, inject, layerwise, linesearch, monitoring, special, wrappers
+from . import adaptive, contrib, core, diagnostics, inject, layerwise, linesearch, monitoring, privacy, special, wrappers
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -22,6 +22,8 @@ ENTRIES: list[Entry] = [
     *linesearch.ENTRIES,
     *inject.ENTRIES,
     *diagnostics.ENTRIES,
+    *privacy.ENTRIES,
+    *contrib.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -1,0 +1,7 @@
+"""Registry entries: contrib (filled in by its family)."""
+
+from __future__ import annotations
+
+from ._entry import Entry
+
+ENTRIES: list[Entry] = []

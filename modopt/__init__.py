@@ -6,6 +6,8 @@ protocol). `modopt.Optimizer` wraps one with its state for `optimizer.step(model
 """
 
 from . import combinators as combinators
+from . import contrib as contrib
+from . import experimental as experimental
 from . import fields as fields
 from . import optimizers as optimizers
 from . import schedules as schedules

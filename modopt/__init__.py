@@ -9,8 +9,10 @@ from . import combinators as combinators
 from . import contrib as contrib
 from . import experimental as experimental
 from . import fields as fields
+from . import linalg as linalg
 from . import optimizers as optimizers
 from . import schedules as schedules
+from . import second_order as second_order
 from . import sharding as sharding
 from . import transforms as transforms
 from ._base import AbstractComposite as AbstractComposite
@@ -62,6 +64,8 @@ from ._updates import apply_updates as apply_updates
 from ._updates import incremental_update as incremental_update
 from ._updates import periodic_update as periodic_update
 from .combinators import *  # noqa: F403
+from .linalg import matrix_inverse_pth_root as matrix_inverse_pth_root
+from .linalg import power_iteration as power_iteration
 from .optimizers import *  # noqa: F403
 from .schedules import *  # noqa: F403
 from .transforms import *  # noqa: F403

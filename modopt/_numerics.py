@@ -12,8 +12,27 @@ from ._trees import global_norm as global_norm
 def safe_norm(x, min_norm, ord=None, axis=None, keepdims: bool = False) -> jax.Array:  # noqa: A002
     """`max(norm(x), min_norm)` whose gradient is 0 (not NaN) where the norm is below `min_norm`.
 
-    Below the threshold the norm is computed on ones instead of `x`, so the discarded branch
-    of the `where` never differentiates `sqrt` at zero.
+    `jnp.maximum(jnp.linalg.norm(x), min_norm)` has a NaN gradient at `x = 0`: the gradient
+    of `sqrt` at 0 is infinite and meets a zero from the `maximum`. Here, where the norm is at
+    most `min_norm`, the norm is computed on ones instead of `x`, so the discarded branch of
+    the `where` never differentiates `sqrt` at zero.
+
+    Args:
+        x: an array.
+        min_norm: the lower bound of the result (a number or an array broadcasting with it).
+        ord: the order of the norm, as in `jnp.linalg.norm` (None, a non-zero int, `inf`,
+            `-inf`, `'fro'`, `'nuc'`).
+        axis: None, an axis, or a pair of axes (matrix norms), as in `jnp.linalg.norm`.
+        keepdims: keep the reduced axes with size one.
+
+    Returns:
+        `max(norm(x), min_norm)`, with the shape `jnp.linalg.norm` gives.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import modopt
+        >>> jax.grad(lambda v: modopt.safe_norm(v, 0.0))(jnp.zeros(2))
+        Array([0., 0.], dtype=float32)
     """
     norm = jnp.linalg.norm(x, ord=ord, axis=axis, keepdims=True)
     small = norm <= min_norm
@@ -24,7 +43,24 @@ def safe_norm(x, min_norm, ord=None, axis=None, keepdims: bool = False) -> jax.A
 
 
 def safe_root_mean_squares(x, min_rms) -> jax.Array:
-    """`max(sqrt(mean(|x|**2)), min_rms)` with a zero (not NaN) gradient below `min_rms`."""
+    """`max(sqrt(mean(|x|**2)), min_rms)` with a zero (not NaN) gradient below `min_rms`.
+
+    As in `safe_norm`, the root mean square is computed on ones where it is at most `min_rms`,
+    so the gradient there is exactly 0 instead of NaN at `x = 0`.
+
+    Args:
+        x: an array (real or complex).
+        min_rms: the lower bound of the result.
+
+    Returns:
+        A real scalar: `max(sqrt(mean(|x|**2)), min_rms)`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import modopt
+        >>> float(modopt.safe_root_mean_squares(jnp.array([3.0, 4.0]), 0.1))  # sqrt(12.5)
+        3.535533905029297
+    """
     rms = jnp.sqrt(jnp.mean(abs_sq(x)))
     small = rms <= min_rms
     masked = jnp.sqrt(jnp.mean(abs_sq(jnp.where(small, jnp.ones_like(x), x))))
@@ -45,8 +81,27 @@ def safe_increment(count: jax.Array) -> jax.Array:
 
 
 def safe_int32_increment(count: jax.Array) -> jax.Array:
-    """`count + 1` for an int32 counter, saturating at 2**31 - 1."""
+    """`count + 1` for an int32 counter, saturating at `2**31 - 1` instead of wrapping around.
+
+    A plain `count + 1` at `2**31 - 1` overflows to `-2**31`, which would restart bias
+    corrections and schedules; this one stays at the maximum.
+
+    Args:
+        count: an int32 array (usually a scalar step count).
+
+    Returns:
+        `min(count + 1, 2**31 - 1)`, int32.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import modopt
+        >>> modopt.safe_int32_increment(jnp.asarray(2**31 - 1, jnp.int32))
+        Array(2147483647, dtype=int32)
+    """
     count = jnp.asarray(count)
     if count.dtype != jnp.int32:
-        raise ValueError(f"safe_int32_increment expects an int32 counter, got {count.dtype}.")
+        raise ValueError(
+            f"Invalid count: dtype {count.dtype} (expected an int32 counter) in safe_int32_increment. "
+            "Use `safe_increment` for counters of other dtypes."
+        )
     return safe_increment(count)

@@ -10,6 +10,7 @@ from . import contrib as contrib
 from . import experimental as experimental
 from . import fields as fields
 from . import linalg as linalg
+from . import monte_carlo as monte_carlo
 from . import optimizers as optimizers
 from . import schedules as schedules
 from . import second_order as second_order
@@ -66,6 +67,13 @@ from ._updates import periodic_update as periodic_update
 from .combinators import *  # noqa: F403
 from .linalg import matrix_inverse_pth_root as matrix_inverse_pth_root
 from .linalg import power_iteration as power_iteration
+from .monte_carlo import control_delta_method as control_delta_method
+from .monte_carlo import control_variates_jacobians as control_variates_jacobians
+from .monte_carlo import measure_valued_jacobians as measure_valued_jacobians
+from .monte_carlo import moving_avg_baseline as moving_avg_baseline
+from .monte_carlo import multi_normal as multi_normal
+from .monte_carlo import pathwise_jacobians as pathwise_jacobians
+from .monte_carlo import score_function_jacobians as score_function_jacobians
 from .optimizers import *  # noqa: F403
 from .schedules import *  # noqa: F403
 from .transforms import *  # noqa: F403

@@ -79,9 +79,14 @@ class AbstractTransform(eqx.Module):
     A transform whose `update` reads extra keyword arguments (the loss `value`, ...) lists
     them in `extra_args_spec`; compositions merge them (see `modopt._extra_args`). Like
     optax's `GradientTransformation` pair, a transform unpacks: `init, update = tx`.
+
+    A transform whose `update` takes per-example updates (every leaf with a leading batch
+    axis) and reduces that axis sets `per_example_updates = True`; see
+    `takes_per_example_updates`.
     """
 
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = ()
+    per_example_updates: ClassVar[bool] = False
 
     @abc.abstractmethod
     def init(self, params: Params) -> OptState:
@@ -103,6 +108,21 @@ class AbstractTransform(eqx.Module):
         it; combinators ask their parts. `modopt.sharding` puts the result on a mesh.
         """
         return follow_params(jax.eval_shape(self.init, params), params, param_specs, type(self).__name__)
+
+    def takes_per_example_updates(self) -> bool:
+        """Whether `update` takes per-example updates: every leaf the parameter's shape after
+        one leading batch axis (e.g. from `jax.vmap(jax.grad(loss), in_axes=(None, 0))`).
+
+        True for a transform whose class sets `per_example_updates` (it reduces the batch axis,
+        as `differentially_private_aggregate` does). Any other transform answers as its first
+        part does, so a chain takes them when its first transform does, and a composite
+        (`dpsgd`) or a wrapper when what it applies does. `Optimizer.step` checks the gradients'
+        shapes by this answer.
+        """
+        if type(self).per_example_updates:
+            return True
+        parts = self.parts()
+        return bool(parts) and parts[0].transform.takes_per_example_updates()
 
     def parts(self) -> tuple[Part, ...]:
         """The transforms this one applies, with where each one's state lies in this state.

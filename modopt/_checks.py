@@ -64,12 +64,15 @@ def _kind(dtype) -> str:
     return next((name for kind, name in _KINDS if jnp.issubdtype(dtype, kind)), str(dtype))
 
 
-def align_gradients(model: Any, params: Any, grads: Any) -> Any:
+def align_gradients(model: Any, params: Any, grads: Any, per_example: bool = False) -> Any:
     """`grads` checked against `model`, restricted to its trainable leaves `params`.
 
     `params` is `model` with `None` at frozen leaves. Returns grads with exactly `params`'
     structure: `None` where a leaf is frozen or has no gradient. Raises `ValueError` naming
     the path of the first mismatch in structure, shape or dtype kind.
+
+    With `per_example`, each gradient has exactly one axis more than its parameter, in front
+    (the batch), of the same size for every leaf.
     """
     treedef = jax.tree_util.tree_structure(model)
     try:
@@ -80,16 +83,38 @@ def align_gradients(model: Any, params: Any, grads: Any) -> Any:
             "Compute them with `eqx.filter_grad` (or `jax.grad`) of a loss of this model."
         ) from None
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(model)[0]]
-    aligned = []
+    aligned, batch = [], None  # batch: (size, path) of the first per-example gradient
     for path, param, grad in zip(paths, treedef.flatten_up_to(params), subtrees):
         if param is None or grad is None:  # frozen, or no gradient: no change
             aligned.append(None)
             continue
         if not hasattr(grad, "shape") or not hasattr(grad, "dtype"):
             raise ValueError(f"The gradient at {path} is a {type(grad).__name__}, expected an array.")
-        if grad.shape != param.shape:
+        batched = grad.ndim == param.ndim + 1 and grad.shape[1:] == param.shape
+        if per_example and not batched:
             raise ValueError(
-                f"The gradient at {path} has shape {grad.shape}, but the parameter has shape {param.shape}."
+                f"The gradient at {path} has shape {grad.shape}, but this optimizer takes per-example "
+                f"gradients: the parameter's shape {param.shape} after one leading batch axis, "
+                f"{_batched_shape(param.shape)}. Compute them "
+                "with `jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0, 0))(model, x, y)`, `loss` taking one example."
+            )
+        if per_example and batch is not None and grad.shape[0] != batch[0]:
+            raise ValueError(
+                f"The per-example gradients disagree on the batch size: the gradient at {path} has shape "
+                f"{grad.shape} (batch {grad.shape[0]}), the one at {batch[1]} has batch {batch[0]}."
+            )
+        if per_example and batch is None:
+            batch = (grad.shape[0], path)
+        if not per_example and grad.shape != param.shape:
+            hint = (
+                f" It looks like per-example gradients (a leading batch axis of size {grad.shape[0]}): only an "
+                "optimizer that reduces them takes those (`dpsgd`, or a chain that starts with "
+                "`differentially_private_aggregate`); otherwise take the gradient of the mean loss over the batch."
+                if batched
+                else ""
+            )
+            raise ValueError(
+                f"The gradient at {path} has shape {grad.shape}, but the parameter has shape {param.shape}.{hint}"
             )
         if _kind(grad.dtype) != _kind(param.dtype) and not (
             _kind(param.dtype) == "complex" and _kind(grad.dtype) == "floating"
@@ -100,6 +125,11 @@ def align_gradients(model: Any, params: Any, grads: Any) -> Any:
             )
         aligned.append(grad)
     return treedef.unflatten(aligned)
+
+
+def _batched_shape(shape: tuple[int, ...]) -> str:
+    """`(batch_size, 3, 4)` for a parameter of shape `(3, 4)`; `(batch_size,)` for a scalar."""
+    return f"({', '.join(['batch_size', *map(str, shape)])}{',' if not shape else ''})"
 
 
 def check_state(transform: Any, state: Any, params: Any) -> None:

@@ -50,6 +50,13 @@ class Optimizer(eqx.Module):
     `modopt.sharding.shardings`), the state is created directly sharded and never exists
     whole on one device; `zero_axis=` also splits it over a data-parallel mesh axis
     (ZeRO-1). Each step then keeps the parameters and the state on those shardings.
+
+    Per-example gradients: an optimizer that reduces a batch of gradients itself (`dpsgd`, or
+    a chain that starts with `differentially_private_aggregate`; see
+    `AbstractTransform.takes_per_example_updates`) takes every gradient with one leading batch
+    axis, `(batch_size, *param.shape)`, e.g. from
+    `jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0, 0))(model, x, y)` with `loss` of one
+    example. Any other optimizer takes gradients shaped like the parameters.
     """
 
     tx: AbstractTransform
@@ -111,14 +118,22 @@ class Optimizer(eqx.Module):
         one that a transform needs, or one that no transform reads, is a `TypeError`. Function
         arguments such as `value_fn` take the model, as the loss does, and trees such as `grad`
         are shaped like the model, as `grads` is.
+
+        Where the transform takes per-example gradients (`dpsgd`), each gradient has one
+        leading batch axis, the same for all: `(batch_size, *param.shape)`. Either way, a
+        gradient of another shape is a `ValueError` naming its path and the shapes.
         """
         params, rest = eqx.partition(model, self._filter(model))
-        grads = align_gradients(model, params, grads)
+        per_example = self.tx.takes_per_example_updates()
+        grads = align_gradients(model, params, grads, per_example)
         check_state(self.tx, self.state, params)
         declared = check_extra_args(self.tx, extra_args, "Optimizer.step")
         as_params = lambda tree: _filled(params, align_gradients(model, params, tree))  # noqa: E731
         extra_args = adapt_to_params(declared, extra_args, lambda p: eqx.combine(p, rest), as_params)
-        updates, state = update_on_mesh(self.tx, _filled(params, grads), self.state, params, extra_args)
+        batch = _batch_size(grads) if per_example else None
+        updates, state = update_on_mesh(self.tx, _filled(params, grads, batch), self.state, params, extra_args)
+        if per_example:
+            _check_reduced(self.tx, updates, params)
         new_params = jax.tree_util.tree_map(
             lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=is_none
         )
@@ -178,10 +193,29 @@ class Optimizer(eqx.Module):
         return new
 
 
-def _filled(params: Any, grads: Any) -> Any:
-    """`grads` with zeros at trained leaves whose gradient is `None` (the transform sees zeros)."""
-    return jax.tree_util.tree_map(
-        lambda p, g: jnp.zeros_like(p) if g is None and p is not None else g, params, grads, is_leaf=is_none
-    )
+def _filled(params: Any, grads: Any, batch: int | None = None) -> Any:
+    """`grads` with zeros at trained leaves whose gradient is `None` (the transform sees zeros),
+    with a leading axis of size `batch` when the gradients are per example."""
+
+    def zeros(p):
+        return jnp.zeros_like(p) if batch is None else jnp.zeros((batch, *jnp.shape(p)), jnp.result_type(p))
+
+    return jax.tree_util.tree_map(lambda p, g: zeros(p) if g is None and p is not None else g, params, grads, is_leaf=is_none)
+
+
+def _batch_size(grads: Any) -> int:
+    """The batch size of per-example gradients (checked alike by `align_gradients`); 1 if all are `None`."""
+    return next((jnp.shape(g)[0] for g in jax.tree_util.tree_leaves(grads)), 1)
+
+
+def _check_reduced(tx: AbstractTransform, updates: Any, params: Any) -> None:
+    """Per-example gradients must come out of the transform reduced to the parameters' shapes."""
+    for (path, p), u in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree_util.tree_leaves(updates)):
+        if jnp.shape(u) != jnp.shape(p):
+            raise ValueError(
+                f"{type(tx).__name__} returned an update of shape {jnp.shape(u)} at {jax.tree_util.keystr(path)} for a "
+                f"parameter of shape {jnp.shape(p)}: the transform that reduces per-example gradients must be the "
+                "first one applied to them (first in the chain, in every group of a partition)."
+            )
 
 

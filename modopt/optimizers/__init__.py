@@ -32,6 +32,8 @@ from ._adaptive import novograd as novograd
 from ._adaptive import radam as radam
 from ._adaptive import rmsprop as rmsprop
 from ._adaptive import yogi as yogi
+from ._dpsgd import Dpsgd as Dpsgd
+from ._dpsgd import dpsgd as dpsgd
 from ._layerwise import Fromage as Fromage
 from ._layerwise import Lamb as Lamb
 from ._layerwise import Lars as Lars
@@ -58,4 +60,3 @@ from ._special import optimistic_gradient_descent as optimistic_gradient_descent
 from ._special import polyak_sgd as polyak_sgd
 from ._special import rprop as rprop
 from ._special import sm3 as sm3
-

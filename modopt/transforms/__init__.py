@@ -76,6 +76,9 @@ from ._optimistic import ScaleByOptimisticGradientState as ScaleByOptimisticGrad
 from ._optimistic import scale_by_optimistic_gradient as scale_by_optimistic_gradient
 from ._polyak import ScaleByPolyak as ScaleByPolyak
 from ._polyak import scale_by_polyak as scale_by_polyak
+from ._privacy import DifferentiallyPrivateAggregate as DifferentiallyPrivateAggregate
+from ._privacy import DifferentiallyPrivateAggregateState as DifferentiallyPrivateAggregateState
+from ._privacy import differentially_private_aggregate as differentially_private_aggregate
 from ._rms import ScaleByAdadelta as ScaleByAdadelta
 from ._rms import ScaleByAdaDeltaState as ScaleByAdaDeltaState
 from ._rms import ScaleByRms as ScaleByRms
@@ -124,4 +127,3 @@ from ._zoom import ScaleByZoomLinesearch as ScaleByZoomLinesearch
 from ._zoom import ScaleByZoomLinesearchState as ScaleByZoomLinesearchState
 from ._zoom import ZoomLinesearchInfo as ZoomLinesearchInfo
 from ._zoom import scale_by_zoom_linesearch as scale_by_zoom_linesearch
-

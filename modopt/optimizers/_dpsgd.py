@@ -1,0 +1,88 @@
+"""Differentially private SGD."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .. import fields
+from .._base import AbstractComposite
+from .._fields import prng_key, static
+from ..combinators import Chain
+from ..transforms import Identity, ScaleByLearningRate, Trace
+from ..transforms._privacy import (
+    DifferentiallyPrivateAggregate,
+    dp_l2_norm_clip,
+    dp_noise_multiplier,
+    private_key,
+)
+
+
+class Dpsgd(AbstractComposite):
+    r"""DP-SGD: SGD on per-example gradients clipped, summed, noised and averaged.
+
+    `differentially_private_aggregate` reduces the per-example gradients to
+    `g = (sum_i clip_C(g_i) + C * sigma * n) / B` with `n ~ N(0, I)`; then SGD steps:
+    `params -= learning_rate * t`, with `t = g`, or with `momentum` its trace
+    `t = g + momentum * t` (Nesterov's variant with `nesterov`).
+
+    It takes per-example gradients, every leaf with a leading batch axis:
+    `optimizer.step(model, grads)` with `grads` from
+    `jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0, 0))(model, x, y)`, `loss` taking one
+    example. The privacy guarantee (epsilon, delta) follows from `noise_multiplier`, the
+    sampling rate `B / N` and the number of steps by a privacy accountant; modopt does not
+    compute it.
+
+    Args:
+        learning_rate: a number >= 0 or a schedule.
+        l2_norm_clip: `C`, the largest global L2 norm an example's gradient keeps, > 0.
+        noise_multiplier: `sigma`, the noise's standard deviation relative to `C`, >= 0.
+        seed: an integer seed, or a PRNG key, of the noise.
+        momentum: the momentum in [0, 1], or `None` for none.
+        nesterov: Nesterov's momentum.
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.dpsgd(0.25, l2_norm_clip=1.0, noise_multiplier=1.1, seed=0), model)
+        >>> grads = jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0, 0))(model, x, y)
+        >>> model, optimizer = optimizer.step(model, grads)
+
+    Reference: Abadi et al., 2016, "Deep Learning with Differential Privacy",
+    https://arxiv.org/abs/1607.00133
+    """
+
+    learning_rate: Any = fields.learning_rate()
+    l2_norm_clip: Any = dp_l2_norm_clip()
+    noise_multiplier: Any = dp_noise_multiplier()
+    key: jax.Array = prng_key()
+    momentum: Any = fields.momentum(None)
+    nesterov: bool = static(default=False)
+
+    def __init__(
+        self,
+        learning_rate: Any,
+        l2_norm_clip: Any,
+        noise_multiplier: Any,
+        seed: Any = None,
+        momentum: Any = None,
+        nesterov: bool = False,
+        *,
+        key: Any = None,
+    ):
+        self.learning_rate = learning_rate
+        self.l2_norm_clip = l2_norm_clip
+        self.noise_multiplier = noise_multiplier
+        self.key = private_key(key, seed, "dpsgd")
+        self.momentum = momentum
+        self.nesterov = nesterov
+
+    def build(self):
+        accumulate = Identity() if self.momentum is None else Trace(self.momentum, self.nesterov)
+        return Chain(
+            DifferentiallyPrivateAggregate(self.l2_norm_clip, self.noise_multiplier, key=self.key),
+            accumulate,
+            ScaleByLearningRate(self.learning_rate),
+        )
+
+
+dpsgd = Dpsgd

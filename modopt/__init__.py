@@ -10,6 +10,7 @@ from . import contrib as contrib
 from . import experimental as experimental
 from . import fields as fields
 from . import linalg as linalg
+from . import losses as losses
 from . import monte_carlo as monte_carlo
 from . import optimizers as optimizers
 from . import schedules as schedules
@@ -67,6 +68,21 @@ from ._updates import periodic_update as periodic_update
 from .combinators import *  # noqa: F403
 from .linalg import matrix_inverse_pth_root as matrix_inverse_pth_root
 from .linalg import power_iteration as power_iteration
+from .losses import convex_kl_divergence as convex_kl_divergence
+from .losses import cosine_distance as cosine_distance
+from .losses import cosine_similarity as cosine_similarity
+from .losses import ctc_loss as ctc_loss
+from .losses import ctc_loss_with_forward_probs as ctc_loss_with_forward_probs
+from .losses import hinge_loss as hinge_loss
+from .losses import huber_loss as huber_loss
+from .losses import kl_divergence as kl_divergence
+from .losses import l2_loss as l2_loss
+from .losses import log_cosh as log_cosh
+from .losses import sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy
+from .losses import smooth_labels as smooth_labels
+from .losses import softmax_cross_entropy as softmax_cross_entropy
+from .losses import softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels
+from .losses import squared_error as squared_error
 from .monte_carlo import control_delta_method as control_delta_method
 from .monte_carlo import control_variates_jacobians as control_variates_jacobians
 from .monte_carlo import measure_valued_jacobians as measure_valued_jacobians

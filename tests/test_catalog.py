@@ -20,3 +20,47 @@ def test_report_prints_a_line_per_family(capsys):
     out = capsys.readouterr().out
     assert all(family in out for family in catalog.FAMILIES)
     assert "missing: none" in out
+
+
+def _readme_section(title: str) -> str:
+    import pathlib
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_function_family_examples_run():
+    import re
+
+    import numpy as np
+
+    section = _readme_section("Losses, linear algebra, second order, Monte Carlo gradients")
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3
+    spaces = [{} for _ in blocks]
+    for code, space in zip(blocks, spaces):
+        exec(compile(code, "README.md", "exec"), space)
+    losses, second_order, monte_carlo = spaces
+    assert losses["per_example"].shape == (2,)
+    # The mean squared error's Hessian diagonal: 2 for the bias, 2 * mean(x_j ** 2) for w_j.
+    x = np.asarray(second_order["x"])
+    expected = np.concatenate([[2.0], 2 * np.mean(x**2, axis=0)])
+    hessian = second_order["second_order"].hessian_diag(
+        second_order["loss"], second_order["params"], second_order["x"], second_order["y"]
+    )
+    np.testing.assert_allclose(hessian, expected, rtol=1e-6)
+    # Pathwise rows of E|x|^2 for x ~ N(mean, exp(log_std)^2): 2 * mean and 2 * exp(2 log_std).
+    means = [np.asarray(row).mean(axis=0) for row in monte_carlo["rows"]]
+    np.testing.assert_allclose(means[0], [2.0, -1.0], atol=0.2)
+    np.testing.assert_allclose(means[1], [2.0, 2.0], atol=0.2)
+
+
+def test_readme_coverage_block_is_the_report(capsys):
+    import re
+
+    section = _readme_section("Losses, linear algebra, second order, Monte Carlo gradients")
+    (block,) = re.findall(r"```text\n(.*?)```", section, re.S)
+    catalog.report()
+    report = capsys.readouterr().out.splitlines()
+    shown = [line for line in block.splitlines() if line != "..."]
+    assert shown[:2] == report[:2] and shown[-3:] == report[-3:]

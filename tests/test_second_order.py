@@ -304,3 +304,28 @@ def test_second_order_bad_input(call, error, match):
 def test_bad_input_raises_at_trace_time_under_jit():
     with pytest.raises(ValueError, match="Invalid loss: it returned"):
         jax.jit(lambda p: hessian_diag(lambda q, x, y: x @ q["w"], p, _X, _Y))(_P)
+
+
+def test_hvp_and_hessian_diag_against_finite_differences_of_the_gradient():
+    """Central differences of the float64 gradient, independent of forward-over-reverse."""
+    inputs, targets = (np.asarray(a, np.float64) for a in _data(5))
+    params = jax.tree.map(lambda a: np.asarray(a, np.float64), _mlp_params(5))
+    flat, unravel = ravel_pytree(params)
+    flat = np.asarray(flat, np.float64)
+    v = np.random.default_rng(0).normal(size=flat.shape)
+
+    def grad_at(f):
+        with jax.enable_x64(True):
+            g = jax.grad(mlp_mse)(unravel(jnp.asarray(f)), jnp.asarray(inputs), jnp.asarray(targets))
+            return np.asarray(ravel_pytree(g)[0])
+
+    h = 1e-5
+    fd_hvp = (grad_at(flat + h * v) - grad_at(flat - h * v)) / (2 * h)
+    fd_diag = np.array(
+        [(grad_at(flat + h * e)[i] - grad_at(flat - h * e)[i]) / (2 * h) for i, e in enumerate(np.eye(flat.size))]
+    )
+    params32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    inputs32, targets32 = jnp.asarray(inputs, jnp.float32), jnp.asarray(targets, jnp.float32)
+    got_hvp = ravel_pytree(_hvp(mlp_mse, unravel(jnp.asarray(v, jnp.float32)), params32, inputs32, targets32))[0]
+    np.testing.assert_allclose(got_hvp, fd_hvp, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(_hessian_diag(mlp_mse, params32, inputs32, targets32), fd_diag, rtol=1e-4, atol=1e-5)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .._base import AbstractTransform, AbstractWrapper, inner_transform, require_params
-from .._extra_args import declared_extra_args
+from .._extra_args import adapt_to_params, declared_extra_args
 from .._fields import POSITIVE_INTEGER, UNIT, hyperparameter, static
 
 
@@ -141,18 +141,12 @@ class Lookahead(AbstractWrapper):
         the parameters (`value_fn`) is called on them with `fast` replaced, and a tree like
         the parameters (`grad`) given as `LookaheadParams` is cut to its `fast` part.
         """
-        adapted = dict(extra_args)
-        for name, (spec, _) in declared_extra_args(self.inner).args.items():
-            if name not in adapted:
-                continue
-            if spec.of_params and callable(adapted[name]):
-                fn = adapted[name]
-                adapted[name] = lambda fast, *args, fn=fn, **kwargs: fn(
-                    params._replace(fast=fast), *args, **kwargs
-                )
-            elif spec.like_params and isinstance(adapted[name], LookaheadParams):
-                adapted[name] = adapted[name].fast
-        return adapted
+        return adapt_to_params(
+            declared_extra_args(self.inner),
+            extra_args,
+            lambda fast: params._replace(fast=fast),
+            lambda tree: tree.fast if isinstance(tree, LookaheadParams) else tree,
+        )
 
 
 lookahead = Lookahead

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._extra_args import declared_extra_args
+from .._extra_args import adapt_to_params, declared_extra_args
 
 
 class RealAndImaginary(NamedTuple):
@@ -106,16 +106,7 @@ class SplitRealAndImaginary(AbstractWrapper):
 
     def _inner_extra_args(self, extra_args):
         """The extra arguments as `inner` needs them for the split parameters."""
-        adapted = dict(extra_args)
-        for name, (spec, _) in declared_extra_args(self.inner).args.items():
-            if name not in adapted:
-                continue
-            if spec.of_params and callable(adapted[name]):
-                fn = adapted[name]
-                adapted[name] = lambda params, *args, fn=fn, **kwargs: fn(merge(params), *args, **kwargs)
-            elif spec.like_params:
-                adapted[name] = split(adapted[name])
-        return adapted
+        return adapt_to_params(declared_extra_args(self.inner), extra_args, merge, split)
 
 
 def _pair_like(part: Any, param: Any) -> Any:

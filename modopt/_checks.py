@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+import warnings
 from typing import Any
 
 import equinox as eqx
@@ -23,22 +26,25 @@ def _node(tree: Any) -> Any:
     return jax.tree_util.tree_structure(tree, is_leaf=lambda x: x is not tree)
 
 
-def _first_difference(expected: Any, found: Any, path: str = "") -> str | None:
-    """A human description of where `found`'s structure first departs from `expected`'s."""
+def _first_difference(expected: Any, found: Any, path: str = "", leaf: str = "a single array") -> str | None:
+    """A human description of where `found`'s structure first departs from `expected`'s.
+
+    `leaf` names what a leaf of `expected` stands for in the message.
+    """
     if _node(expected) != _node(found):
-        return _describe(expected, found, path or "the root")
+        return _describe(expected, found, path or "the root", leaf)
     if _node(expected).num_nodes == 1:  # a leaf (or an empty node)
         return None
     for (key, want), (_, got) in zip(_children(expected), _children(found)):
-        difference = _first_difference(want, got, path + key)
+        difference = _first_difference(want, got, path + key, leaf)
         if difference:
             return difference
     return None
 
 
-def _describe(expected: Any, found: Any, where: str) -> str:
+def _describe(expected: Any, found: Any, where: str, leaf: str) -> str:
     if _node(expected).num_nodes == 1 and _node(expected).num_leaves == 1:
-        return f"a {type(found).__name__} at {where}, where a single array is expected"
+        return f"a {type(found).__name__} at {where}, where {leaf} is expected"
     if type(expected) is not type(found):
         return f"a {type(found).__name__} at {where}, where a {type(expected).__name__} is expected"
     if isinstance(expected, dict):
@@ -152,3 +158,16 @@ def check_state(transform: Any, state: Any, params: Any) -> None:
                 f"{jnp.result_type(got)}, but {where} expects {want.shape} {want.dtype}. "
                 "Was it made by another optimizer's init, or for other parameters?"
             )
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """`warnings.warn` attributed to the first caller outside modopt, its integrations and equinox
+    (whose bound methods sit between a user and modopt's methods)."""
+    packages = [os.path.dirname(__file__), os.path.dirname(eqx.__file__)]
+    integrations = sys.modules.get("modopt.integrations")
+    if integrations is not None and getattr(integrations, "__file__", None):
+        packages.append(os.path.dirname(integrations.__file__))
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(tuple(packages)):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._base import AbstractTransform
+from ._checks import warn_user
 from ._fields import Rate, as_hyperparameter, as_rate, hyperparameter_names, validate_hyperparameters
 from ._trees import is_none
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule
@@ -151,6 +152,10 @@ def _like(value: Any, old: Any, name: str) -> Any:
         return Rate(_like(new.value, old.value, name), _like(new.complement, old.complement, name))
     value = as_schedule(as_hyperparameter(value))
     if is_schedule(old) and not is_schedule(value):
+        warn_user(
+            f"set({name}={_shown(value)}) replaces the schedule {type(old).__name__} by the constant "
+            f"{_shown(value)} for every later step. Pass a schedule to keep one."
+        )
         return ConstantSchedule(value)
     if is_schedule(value) and not is_schedule(old):
         raise ValueError(

@@ -123,6 +123,7 @@ class Optimizer(eqx.Module):
         leading batch axis, the same for all: `(batch_size, *param.shape)`. Either way, a
         gradient of another shape is a `ValueError` naming its path and the shapes.
         """
+        self.signature.check_model(model, grads)
         params, rest = eqx.partition(model, self._filter(model))
         per_example = self.tx.takes_per_example_updates()
         grads = align_gradients(model, params, grads, per_example)

@@ -6,6 +6,8 @@ from typing import Any
 
 import jax
 
+from ._checks import _first_difference
+
 
 class ModelSignature:
     """The model's tree structure and, per leaf, a `jax.ShapeDtypeStruct` if trained, else `None`.
@@ -35,6 +37,29 @@ class ModelSignature:
     def params(self) -> Any:
         """The trained parameters as abstract arrays, `None` elsewhere (as `eqx.filter` gives)."""
         return self.treedef.unflatten(self.leaves)
+
+    def check_model(self, model: Any, grads: Any) -> None:
+        """Raises `ValueError` if `model` does not have the structure of the optimizer's model.
+
+        Gradients from `eqx.filter_grad` have `None` where the model has non-array leaves, so
+        `step(grads, model)` with the arguments swapped is caught here for such models. A model
+        made only of arrays has the structure of its gradients: no structural check can tell
+        those apart.
+        """
+        if jax.tree_util.tree_structure(model) == self.treedef:
+            return
+        expected = self.treedef.unflatten([0] * self.treedef.num_leaves)
+        swapped = jax.tree_util.tree_structure(grads) == self.treedef
+        hint = (
+            " The gradients have the model's structure: the arguments look swapped. The call is "
+            "`optimizer.step(model, grads)`."
+            if swapped
+            else " Pass the model the optimizer was made for (`Optimizer(tx, model)`), as `step`'s first argument."
+        )
+        raise ValueError(
+            f"Optimizer.step: the model does not have the structure of the one this optimizer was made for: "
+            f"found {_first_difference(expected, model, leaf='a leaf (an array, function or value)')}.{hint}"
+        )
 
     def paths(self) -> list[str]:
         """The path of each of the model's leaves, e.g. `.layers[0].weight`."""

@@ -79,6 +79,16 @@ def test_mismatched_gradients_of_equinox_model_name_the_path():
         optimizer.step(model, bad)
 
 
+def test_swapped_model_and_gradients_are_caught():
+    model = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+    optimizer = modopt.Optimizer(modopt.adam(1e-3), model)
+    grads = eqx.filter_grad(lambda m: m(jnp.ones(2)).sum())(model)
+    with pytest.raises(ValueError, match=re.escape("found a NoneType at .activation") + ".*look swapped"):
+        optimizer.step(grads, model)
+    with pytest.raises(ValueError, match=re.escape("Pass the model the optimizer was made for")):
+        optimizer.step({"w": jnp.ones(2)}, grads)
+
+
 def test_state_from_another_optimizer():
     adam = modopt.Optimizer(modopt.adam(1e-3), PARAMS)
     sgd = modopt.Optimizer(modopt.sgd(1e-3, momentum=0.9), PARAMS)

@@ -172,7 +172,8 @@ def test_no_retrace_on_hyperparameter_change_or_rebuild():
     model = Net(jax.random.key(0))
     optimizer = modopt.Optimizer(modopt.adam(1e-2), model)
     model, optimizer, _ = train_step(model, optimizer, X, Y)
-    for lr in (5e-3, 1e-3, 0.0):
+    # Python floats and ints, NumPy and JAX scalars of any float dtype: same types inside.
+    for lr in (5e-3, 1, jnp.float32(1e-3), np.float64(2e-3), jnp.asarray(1e-3, jnp.bfloat16), 0.0):
         optimizer = optimizer.set(learning_rate=lr)
         model, optimizer, _ = train_step(model, optimizer, X, Y)
     optimizer = modopt.Optimizer(modopt.adam(3e-3), model)  # rebuilt, same configuration
@@ -197,7 +198,9 @@ def test_set_number_on_schedule_keeps_the_state_valid():
     params = {"w": jnp.ones(3)}
     optimizer = modopt.Optimizer(modopt.adam(modopt.cosine_decay_schedule(1e-2, 100)), params)
     params, optimizer = optimizer.step(params, {"w": jnp.ones(3)})
-    constant = optimizer.set(learning_rate=1e-4)
+    with pytest.warns(UserWarning, match=r"set\(learning_rate=1e-04\) replaces the schedule CosineDecaySchedule") as record:
+        constant = optimizer.set(learning_rate=1e-4)
+    assert record[0].filename == __file__  # attributed to the caller
     assert float(constant.learning_rate) == pytest.approx(1e-4)
     new_params, _ = constant.step(params, {"w": jnp.ones(3)})
     np.testing.assert_allclose(new_params["w"], params["w"] - 1e-4, rtol=1e-5)  # Adam's first step is lr * sign

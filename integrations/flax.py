@@ -18,9 +18,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import linen as nn
-from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
+
+try:
+    from flax import linen as nn
+    from flax import nnx, struct
+except ImportError as error:
+    raise ImportError("modopt.integrations.flax needs flax: pip install 'modopt[flax]'") from error
 
 import modopt
 from modopt._base import owned_init, owned_transform

@@ -8,12 +8,14 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._base import AbstractTransform, owned_init, owned_transform
 from ._checks import align_gradients, check_state
 from ._extra_args import adapt_to_params, check_extra_args
 from ._fields import (
     as_static_tree,
+    is_concrete,
     pretty,
     resolve_tree,
     static,
@@ -144,7 +146,23 @@ class Optimizer(eqx.Module):
         return new_model, self._replace(state=state, count=safe_increment(self.count))
 
     def __repr__(self):
-        return pretty(self)
+        """A summary: the transform with its hyperparameters, the step, the state's size.
+
+        The state itself (moments as large as the model) is `optimizer.state`.
+        """
+        tx = pretty(self.tx).replace("\n", "\n  ")
+        arrays = [x for x in jax.tree_util.tree_leaves(self.state) if hasattr(x, "dtype")]
+        numbers = sum(int(np.prod(x.shape)) for x in arrays)
+        size = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in arrays)
+        trained = [leaf for leaf in self.signature.leaves if leaf is not None]
+        step = int(self.count) if is_concrete(self.count) else "traced"
+        sharded = "" if self.layout is None else f",\n  sharded on a mesh of shape {dict(self.layout.mesh.shape)}"
+        return (
+            f"Optimizer(\n  tx={tx},\n  step={step},\n"
+            f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers ({_bytes(size)}),\n"
+            f"  trains {len(trained)} of {len(self.signature.leaves)} model leaves "
+            f"({sum(int(np.prod(leaf.shape)) for leaf in trained):,} numbers){sharded}\n)"
+        )
 
     # ---- hyperparameters -------------------------------------------------------------
 
@@ -220,3 +238,15 @@ def _check_reduced(tx: AbstractTransform, updates: Any, params: Any) -> None:
             )
 
 
+def _state_names(state: Any) -> str:
+    """The state's type, its parts' types for a tuple of states (a chain's)."""
+    if type(state) is tuple:
+        return "(" + ", ".join(_state_names(part) for part in state) + ")"
+    return type(state).__name__
+
+
+def _bytes(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024

@@ -241,3 +241,16 @@ def test_a_tree_like_the_params_is_given_like_the_model():
     new_model, _ = eqx.filter_jit(lambda m, o, g: o.step(m, g, grad=g))(model, optimizer, grads)
     expected = jax.tree.map(lambda p, g: p - g, eqx.filter(model, eqx.is_inexact_array), eqx.filter(grads, eqx.is_inexact_array))
     assert_close(eqx.filter(new_model, eqx.is_inexact_array), expected)
+
+
+def test_repr_is_a_short_summary():
+    model = Net(jax.random.key(0))
+    optimizer = modopt.Optimizer(modopt.chain(modopt.clip_by_global_norm(1.0), modopt.adam(1e-3)), model)
+    _, optimizer = optimizer.step(model, jax.tree.map(jnp.ones_like, eqx.filter(model, eqx.is_inexact_array)))
+    text = repr(optimizer)
+    trained = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
+    assert len(text.splitlines()) < 20
+    assert "Adam(learning_rate=0.001, b1=0.9" in text and "step=1" in text
+    # Adam's state: mu and nu like the parameters, and its step count.
+    assert f"{2 * trained + 1:,} numbers" in text
+    assert "state=(EmptyState, (ScaleByAdamState, EmptyState))" in text

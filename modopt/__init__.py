@@ -17,6 +17,7 @@ from . import schedules as schedules
 from . import second_order as second_order
 from . import sharding as sharding
 from . import transforms as transforms
+from . import trax as trax
 from ._base import AbstractComposite as AbstractComposite
 from ._base import AbstractTransform as AbstractTransform
 from ._base import AbstractWrapper as AbstractWrapper
@@ -61,6 +62,8 @@ from ._numerics import safe_increment as safe_increment
 from ._numerics import safe_int32_increment as safe_int32_increment
 from ._numerics import safe_norm as safe_norm
 from ._numerics import safe_root_mean_squares as safe_root_mean_squares
+from ._masks import WeightDecayMask as WeightDecayMask
+from ._masks import weight_decay_mask as weight_decay_mask
 from ._optimizer import Optimizer as Optimizer
 from ._updates import apply_updates as apply_updates
 from ._updates import incremental_update as incremental_update

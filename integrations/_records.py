@@ -9,6 +9,13 @@ paths. Each leaf gets a JSON-able record saying how it is stored:
 - `value`: a Python number or bool, kept in the JSON record itself;
 - `static`: anything else (functions, strings): not written; restore takes it from the target.
 
+A Python number and a scalar array of the same kind (bool, integer, floating) stand for each
+other: a Flax `TrainState.create(...)` has the Python int `step=0` where a trained one has an
+int32 array, and either restores into the other.
+
+`hyperparameter_leaves` tells which leaves of an item are hyperparameters, for the restore
+policy (`CheckpointManager.restore(..., hyperparameters=...)`).
+
 The checksum is computed on the device, so sharded arrays are never gathered for it, and it
 does not depend on how the array is sharded: a checkpoint verifies on any mesh.
 """
@@ -16,11 +23,16 @@ does not depend on how the array is sharded: a checkpoint verifies on any mesh.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from modopt._base import AbstractTransform
+from modopt._hyperparameters import _hyperparameter_index, _state_index
+from modopt._optimizer import Optimizer
 
 
 class CheckpointError(ValueError):
@@ -98,18 +110,141 @@ def _signature(leaf: Leaf) -> tuple:
     return ("key" if leaf.kind == "key" else "array", tuple(leaf.shape), leaf.dtype)
 
 
+def number_kind(leaf: Leaf) -> str | None:
+    """"bool", "int", "float" or "complex" for a Python number or a scalar array, else `None`."""
+    if leaf.kind == "value":
+        return {bool: "bool", int: "int", float: "float"}.get(type(leaf.value))
+    if leaf.kind != "array" or tuple(leaf.shape) != ():
+        return None
+    dtype = jnp.dtype(leaf.dtype)
+    for kind, family in (("bool", jnp.bool_), ("int", jnp.integer), ("float", jnp.floating), ("complex", jnp.complexfloating)):
+        if jnp.issubdtype(dtype, family):
+            return kind
+    return None
+
+
+def _agree(saved: Leaf, target: Leaf) -> bool:
+    if _signature(saved) == _signature(target):
+        return True
+    # A Python number and a scalar array of its kind restore into each other.
+    kinds = {saved.kind, target.kind}
+    return kinds == {"value", "array"} and number_kind(saved) is not None and number_kind(saved) == number_kind(target)
+
+
 def first_mismatch(saved: list[Leaf], target: list[Leaf]) -> str | None:
     """Where the target's leaves depart from the checkpoint's, in words; `None` if they agree."""
     for s, t in zip(saved, target):
         if s.path != t.path:
             return f"the checkpoint has a leaf at {s.path} where the target has one at {t.path}"
-        if _signature(s) != _signature(t):
+        if not _agree(s, t):
             return f"at {s.path} the checkpoint has {s.describe()}, the target {t.describe()}"
     if len(saved) != len(target):
         n = min(len(saved), len(target))
         which, longer = ("checkpoint", saved) if len(saved) > n else ("target", target)
         return f"the {which} has {len(longer) - n} more leaves, the first at {longer[n].path}"
     return None
+
+
+# ---- hyperparameters -----------------------------------------------------------------------
+
+
+class _Mark:
+    """Stands in for the leaf of index `index`, to see where a getter leads."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def hyperparameter_leaves(item: Any) -> dict[int, str]:
+    """Which leaves of `item` (by index in its flattening) are hyperparameters, with their names.
+
+    The hyperparameters are those of every modopt transform in `item`, wherever it sits, as
+    `Optimizer.hyperparameters` lists them: the fields declared hyperparameters (learning rates,
+    betas, schedules with their numbers), and the numbers that live in the optimizer state
+    (`inject_hyperparams`; a scheduled value there is recomputed from the step count, so it is
+    state). Anything else, a transform's PRNG key included, is state. A transform is found as
+    itself, as the `tx` of a `modopt.Optimizer`, of a TrainState (modopt's or Flax's) or of an
+    `NnxOptimizer`, and as the `Hyperparameter` variables of an NNX state. Each is named by its
+    path in the item's transform, as `Optimizer.set` accepts it (`transforms[1].b1`), after the
+    path of the optimizer in the item (`['opt'].learning_rate`); one in the state is marked so
+    (`learning_rate (in the state)`).
+    """
+    found: dict[int, str] = {}
+    offset = 0
+    for path, node in jax.tree_util.tree_flatten_with_path(item, is_leaf=_holds_hyperparameters)[0]:
+        leaves, treedef = jax.tree_util.tree_flatten(node)
+        if _holds_hyperparameters(node):
+            marked = treedef.unflatten([_Mark(offset + i) for i in range(len(leaves))])
+            prefix = jax.tree_util.keystr(path)
+            for index, name in _marked_names(node, marked).items():
+                found[index] = prefix + (f".{name}" if name and not name.startswith("[") else name)
+        offset += len(leaves)
+    return found
+
+
+def _nnx_hyperparameter() -> Any:
+    """`modopt.integrations.flax.Hyperparameter` where that module is loaded (never imports Flax)."""
+    adapter = sys.modules.get("modopt.integrations.flax")
+    return getattr(adapter, "Hyperparameter", None)
+
+
+def _transform_and_state(node: Any) -> tuple[Any, Any] | None:
+    """`(transform, optimizer state)` of an optimizer-like node, else `None`."""
+    if isinstance(node, AbstractTransform):
+        return node, None
+    if isinstance(node, Optimizer):
+        return node.tx, node.state
+    if hasattr(node, "opt_state"):
+        tx = getattr(node, "tx", None)
+        if isinstance(tx, AbstractTransform):
+            return tx, _pure(node.opt_state)
+    return None
+
+
+def _holds_hyperparameters(node: Any) -> bool:
+    variable = _nnx_hyperparameter()
+    if variable is not None and isinstance(node, variable):
+        return True
+    return not isinstance(node, (jax.Array, np.ndarray, np.generic)) and _transform_and_state(node) is not None
+
+
+def _pure(state: Any) -> Any:
+    """An NNX optimizer's state as plain values (its variables unwrapped)."""
+    nnx = sys.modules.get("flax.nnx")
+    return state if nnx is None else nnx.as_pure(state)
+
+
+def _marks(tree: Any) -> list[_Mark]:
+    return [x for x in jax.tree_util.tree_leaves(tree) if isinstance(x, _Mark)]
+
+
+def _marked_names(node: Any, marked: Any) -> dict[int, str]:
+    """The hyperparameters among the marks of `marked` (a copy of `node` with marks for leaves)."""
+    variable = _nnx_hyperparameter()
+    if variable is not None and isinstance(node, variable):
+        return {mark.index: "" for mark in _marks(marked)}
+    tx, state = _transform_and_state(node)
+    marked_tx, marked_state = _transform_and_state(marked)
+    names = {}
+    # The fields declared hyperparameters, by the paths `set` knows (deeper last, so a schedule's
+    # numbers are named as such). Other leaves of a transform (the PRNG key that seeds a noise
+    # state) are where its state comes from: state.
+    for name, (get, _) in _hyperparameter_index(marked_tx, all_paths=True).items():
+        for mark in _marks(get(marked_tx)):
+            names[mark.index] = name
+    # Those that live in the state are found through the transform's parts, which may need its
+    # concrete values (an abstract transform is restored from the checkpoint anyway).
+    if state is not None and _is_concrete(tx):
+        for name, get in _state_index(tx, all_paths=True).items():
+            for mark in _marks(get(marked_state)):
+                names[mark.index] = f"{name} (in the state)"
+    return names
+
+
+def _is_concrete(tree: Any) -> bool:
+    return not any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in jax.tree_util.tree_leaves(tree))
 
 
 # ---- checksums -----------------------------------------------------------------------------
@@ -152,8 +287,15 @@ def _checksums(arrays: list[jax.Array]) -> list[jax.Array]:
 
 
 def checksums(arrays: list[Any]) -> list[str]:
-    """One hex checksum per array, computed on the arrays' devices in one compiled call."""
-    if not arrays:
-        return []
-    values = jax.device_get(_checksums([jnp.asarray(x) for x in arrays]))
-    return [f"{int(v[0]):08x}{int(v[1]):08x}" for v in values]
+    """One hex checksum per array, computed on the arrays' devices: one compiled call per set of
+    devices the arrays live on (usually one)."""
+    arrays = [jnp.asarray(x) for x in arrays]
+    groups: dict[frozenset, list[int]] = {}
+    for i, x in enumerate(arrays):
+        groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
+    found: list[str] = [""] * len(arrays)
+    for indices in groups.values():
+        values = jax.device_get(_checksums([arrays[i] for i in indices]))
+        for i, v in zip(indices, values):
+            found[i] = f"{int(v[0]):08x}{int(v[1]):08x}"
+    return found

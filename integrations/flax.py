@@ -52,6 +52,13 @@ class TrainState(struct.PyTreeNode):
     Flax); the others reach `tx.update` as extra arguments (for instance the loss `value`).
     A function argument such as `value_fn` takes the params, as `apply_fn` does. An extra
     argument that a transform needs but is missing, or that none reads, is a `TypeError`.
+
+    Args:
+        step: the number of steps taken, an integer scalar (`create` starts it at 0).
+        apply_fn: the model's apply function, usually `model.apply` (not a pytree leaf).
+        params: the parameters, a pytree.
+        tx: the transform: a modopt transform, or an optax one.
+        opt_state: the transform's state (`create` initializes it).
     """
 
     step: Any
@@ -189,6 +196,13 @@ def param_shardings(params: Any, mesh: Any, rules: Any = None) -> Any:
     state whose variables carry `sharding` metadata. Logical axis names are mapped to mesh
     axes with `rules` (or the rules set with `nn.logical_axis_rules`). Unannotated leaves
     are replicated. The result has the structure of the unboxed parameters.
+
+    Args:
+        params: linen variables boxed with partitioning metadata, or an NNX state whose variables
+            carry `sharding` metadata; concrete or abstract.
+        mesh: the mesh the shardings are on.
+        rules: the logical axis rules, pairs `(logical_name, mesh_axis)`; `None` for the rules set
+            with `nn.logical_axis_rules`.
     """
     if isinstance(params, nnx.State):
         specs = nnx.get_partition_spec(params)
@@ -208,6 +222,12 @@ def state_shardings(state: TrainState, params_shardings: Any, *, zero_axis: str 
     derived from them by each transform's rule (see `modopt.sharding.shardings`), and the
     step and hyperparameters are replicated. Use it as `out_shardings` of the jitted
     `TrainState.create` and train step.
+
+    Args:
+        state: the `TrainState`, concrete or from `jax.eval_shape`.
+        params_shardings: the `NamedSharding` of each parameter, from `param_shardings`.
+        zero_axis: the name of a data-parallel mesh axis to split the optimizer state over (ZeRO-1),
+            or `None`.
     """
     layout = params_layout(state.tx, state.params, params_shardings, zero_axis, state.opt_state)
     replicated = layout.replicated

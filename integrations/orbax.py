@@ -12,6 +12,12 @@ record a person can read: the modopt version, the step, each item's structure, t
 optimizer's transform and hyperparameters, and a checksum of every array. Restore checks the
 target against the record first, and the checksums after reading, so it never hands back
 numbers that differ from what was saved.
+
+Hyperparameters: by default a restore keeps the target's (`hyperparameters="target"`): the
+learning rate, betas and schedules come from the code that builds the target, as with optax,
+where the schedule lives in the code. The state (moments, step counts, PRNG keys) comes from
+the checkpoint, and a `HyperparameterWarning` names every hyperparameter whose saved value
+differs. `hyperparameters="saved"` takes the checkpoint's instead.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import atexit
 import datetime
 import os
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -27,13 +34,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._records import CheckpointError, Leaf, checksums, first_mismatch, from_record, leaves_of
+from ._records import CheckpointError, Leaf, checksums, first_mismatch, from_record, hyperparameter_leaves, leaves_of
 
-__all__ = ["CheckpointError", "CheckpointManager"]
+__all__ = ["CheckpointError", "CheckpointManager", "HyperparameterWarning"]
 
 FORMAT = 1
 _ARRAYS = "arrays"
 _RECORD = "modopt"
+_POLICIES = ("target", "saved")
+
+
+class HyperparameterWarning(UserWarning):
+    """A restore kept the target's hyperparameters where the checkpoint holds other values."""
 
 
 def _orbax():
@@ -95,11 +107,13 @@ class CheckpointManager:
         if not self._manager.should_save(step):
             return False
         records, arrays = {}, {}
+        leaves_by_item = {name: leaves_of(item) for name, item in items.items()}
+        # One compiled call computes every item's checksums.
+        written = [leaf for leaves in leaves_by_item.values() for leaf in leaves if leaf.data is not None]
+        for leaf, checksum in zip(written, checksums([leaf.data for leaf in written])):
+            leaf.checksum = checksum
         for name, item in items.items():
-            leaves = leaves_of(item)
-            written = [leaf for leaf in leaves if leaf.data is not None]
-            for leaf, checksum in zip(written, checksums([leaf.data for leaf in written])):
-                leaf.checksum = checksum
+            leaves = leaves_by_item[name]
             arrays[name] = {f"leaf_{i}": leaf.data for i, leaf in enumerate(leaves) if leaf.data is not None}
             records[name] = {
                 "type": type(item).__name__,
@@ -121,14 +135,33 @@ class CheckpointManager:
 
     # ---- restoring -----------------------------------------------------------------------
 
-    def restore(self, step: int | None = None, **like_items: Any) -> dict[str, Any]:
+    def restore(self, step: int | None = None, *, hyperparameters: str = "target", **like_items: Any) -> dict[str, Any]:
         """The items saved at `step` (default: the latest), shaped and placed like `like_items`.
 
         Each target may be concrete or abstract (from `jax.eval_shape`); arrays land on its
         shardings, so a checkpoint written on one mesh restores onto another. The targets are
         checked against the checkpoint's record before anything is read, and the data against
         its checksums after: a mismatch raises `CheckpointError` naming the item and path.
+
+        `hyperparameters` says where the optimizers' hyperparameters come from (those of every
+        modopt transform in the items: `Optimizer.tx`, a TrainState's `tx`, an `NnxOptimizer`,
+        and the numbers `inject_hyperparams` keeps in the state):
+
+        - `"target"` (default): the target's, as the code that built it says. Where the
+          checkpoint's differ, a `HyperparameterWarning` names each (`optimizer.b1: saved 0.9,
+          target 0.95`). An abstract target has no values: it takes the checkpoint's.
+        - `"saved"`: the checkpoint's, as they were when it was written.
+
+        Everything else (moments, step counts, PRNG keys, parameters) comes from the checkpoint.
+        A Python number in the target (Flax's `TrainState.create` makes `step=0`) restores the
+        saved value as a weakly typed scalar array, what a jitted step makes of the number, so
+        the restored state does not retrace a step compiled for the fresh one.
         """
+        if hyperparameters not in _POLICIES:
+            raise ValueError(
+                f"Invalid hyperparameters: {hyperparameters!r} (must be 'target', to keep the target's, or 'saved', "
+                "to take the checkpoint's)."
+            )
         if not like_items:
             raise ValueError("restore needs the items to restore into, e.g. restore(model=model).")
         step = self._resolve_step(step)
@@ -142,7 +175,29 @@ class CheckpointManager:
         abstract = {name: leaves for name, leaves in abstract.items() if leaves}
         restored = self._read_arrays(step, abstract) if abstract else {}
         self._verify(step, plans, restored)
-        return {name: _rebuild(plan, restored.get(name, {}), like_items[name]) for name, plan in plans.items()}
+
+        kept: dict[str, dict[int, str]] = {}
+        if hyperparameters == "target":
+            for name, like in like_items.items():
+                hyper = hyperparameter_leaves(like)
+                kept[name] = {i: path for i, path in hyper.items() if _is_concrete(plans[name][i][1])}
+            differences = [
+                f"{name}{path}: saved {saved}, target {target}"
+                for name, plan in plans.items()
+                for path, (saved, target) in _differences(plan, restored.get(name, {}), kept[name]).items()
+            ]
+            if differences:
+                warnings.warn(
+                    HyperparameterWarning(
+                        f"The hyperparameters saved at step {step} differ from the target's: {'; '.join(differences)} "
+                        "(keeping the target's; pass hyperparameters='saved' to take the checkpoint's)."
+                    ),
+                    stacklevel=2,
+                )
+        return {
+            name: _rebuild(plan, restored.get(name, {}), like_items[name], kept.get(name, {}))
+            for name, plan in plans.items()
+        }
 
     def _resolve_step(self, step: int | None) -> int:
         if step is None:
@@ -195,15 +250,19 @@ class CheckpointManager:
         return restored[_ARRAYS]
 
     def _verify(self, step: int, plans: dict, restored: dict) -> None:
-        for name, plan in plans.items():
-            read = [(leaf, restored[name][f"leaf_{i}"]) for i, (leaf, _) in enumerate(plan) if leaf.kind in ("array", "key")]
-            found = checksums([array for _, array in read])
-            for (leaf, _), checksum in zip(read, found):
-                if checksum != leaf.checksum:
-                    raise CheckpointError(
-                        f"Checksum mismatch in {name!r} at {leaf.path or 'the root'}, step {step}: the data read differs from "
-                        f"what was saved (saved {leaf.checksum}, read {checksum}). The checkpoint is corrupted."
-                    )
+        read = [
+            (name, leaf, restored[name][f"leaf_{i}"])
+            for name, plan in plans.items()
+            for i, (leaf, _) in enumerate(plan)
+            if leaf.kind in ("array", "key")
+        ]
+        found = checksums([array for _, _, array in read])  # one compiled call for all items
+        for (name, leaf, _), checksum in zip(read, found):
+            if checksum != leaf.checksum:
+                raise CheckpointError(
+                    f"Checksum mismatch in {name!r} at {leaf.path or 'the root'}, step {step}: the data read differs from "
+                    f"what was saved (saved {leaf.checksum}, read {checksum}). The checkpoint is corrupted."
+                )
 
     # ---- steps and lifetime --------------------------------------------------------------
 
@@ -255,16 +314,14 @@ def _key_data_sharding(sharding: Any, ndim: int) -> Any:
     return sharding
 
 
-def _rebuild(plan: list, arrays: dict, like: Any) -> Any:
-    """`like` with each leaf replaced by what the checkpoint holds for it."""
+def _rebuild(plan: list, arrays: dict, like: Any, kept: dict[int, str]) -> Any:
+    """`like` with each leaf replaced by what the checkpoint holds for it, except the `kept` ones."""
     leaves = []
     for i, (saved, x) in enumerate(plan):
-        if saved.kind == "array":
-            value = arrays[f"leaf_{i}"]
-            if getattr(x, "weak_type", False) and value.ndim == 0:
-                # Hyperparameters are weakly typed (bf16 * lr stays bf16); Orbax forgets that.
-                value = jax.device_put(jnp.asarray(value.item()), value.sharding)
-            leaves.append(np.asarray(value) if isinstance(x, np.ndarray) else value)
+        if i in kept:
+            leaves.append(_copy(x))
+        elif saved.kind == "array":
+            leaves.append(_array_like(arrays[f"leaf_{i}"], x))
         elif saved.kind == "key":
             leaves.append(jax.random.wrap_key_data(arrays[f"leaf_{i}"], impl=saved.impl))
         elif saved.kind == "empty":
@@ -272,10 +329,98 @@ def _rebuild(plan: list, arrays: dict, like: Any) -> Any:
             sharding = getattr(x, "sharding", None)
             leaves.append(np.asarray(empty) if isinstance(x, np.ndarray) else jax.device_put(empty, sharding) if sharding else empty)
         elif saved.kind == "value":
-            leaves.append(type(x)(saved.value) if isinstance(x, (bool, int, float)) else saved.value)
+            leaves.append(_number_like(saved.value, x))
         else:
             leaves.append(x)
     return jax.tree_util.tree_structure(like).unflatten(leaves)
+
+
+def _copy(x: Any) -> Any:
+    """A kept target leaf, in a buffer of its own (donating the restored item leaves the target intact)."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        return jax.device_put(x, x.sharding, may_alias=False)
+    return x
+
+
+def _array_like(value: jax.Array, x: Any) -> Any:
+    """A saved array as the target leaf `x` holds it."""
+    if isinstance(x, np.ndarray):
+        return np.asarray(value)
+    if isinstance(x, (bool, int, float)) or (getattr(x, "weak_type", False) and value.ndim == 0):
+        # Hyperparameters are weakly typed (bf16 * lr stays bf16), and so is a Python number
+        # under `jit` (a fresh Flax TrainState's `step=0`); Orbax forgets it.
+        return _weak(value)
+    return value
+
+
+def _weak(value: jax.Array) -> jax.Array:
+    """A scalar as the weakly typed array a Python number becomes, where that has its dtype."""
+    weak = jnp.asarray(value.item())
+    return jax.device_put(weak, value.sharding) if weak.dtype == value.dtype else value
+
+
+def _number_like(number: Any, x: Any) -> Any:
+    """A saved Python number as the target leaf `x` (a number, or a scalar array) holds it."""
+    if isinstance(x, (bool, int, float)):
+        return type(x)(number)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.asarray(number, x.dtype)
+    array = jnp.asarray(number)
+    if not (getattr(x, "weak_type", False) and array.dtype == x.dtype):
+        array = jnp.asarray(number, x.dtype)
+    sharding = getattr(x, "sharding", None)
+    return jax.device_put(array, sharding) if sharding is not None else array
+
+
+def _differences(plan: list, arrays: dict, kept: dict[int, str]) -> dict[str, tuple[str, str]]:
+    """The kept hyperparameters whose saved value differs from the target's: path -> (saved, target).
+
+    A hyperparameter of several leaves (a rate and its complement) is shown by its first.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, path in kept.items():
+        groups.setdefault(path, []).append(i)
+    found = {}
+    for path, indices in groups.items():
+        pairs = [(_saved_value(plan[i][0], arrays.get(f"leaf_{i}")), plan[i][1]) for i in sorted(indices)]
+        if any(not _equal(saved, target) for saved, target in pairs):
+            saved, target = pairs[0]
+            found[path] = (_shown(saved), _shown(target))
+    return found
+
+
+def _saved_value(saved: Leaf, array: Any) -> Any:
+    if saved.kind == "value":
+        return saved.value
+    if saved.kind == "empty":
+        return np.zeros(saved.shape, saved.dtype)
+    if saved.kind == "key":
+        return jax.random.wrap_key_data(array, impl=saved.impl)
+    return array
+
+
+def _is_key(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if _is_key(a) or _is_key(b):
+        return _is_key(a) and _is_key(b) and bool(np.array_equal(jax.random.key_data(a), jax.random.key_data(b)))
+    if not (isinstance(a, (jax.Array, np.ndarray, np.generic, bool, int, float)) and isinstance(b, (jax.Array, np.ndarray, np.generic, bool, int, float))):
+        return a == b
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+
+
+def _shown(value: Any) -> str:
+    if _is_key(value):
+        return f"a PRNG key with data {np.asarray(jax.random.key_data(value)).tolist()}"
+    plain = _plain(value)
+    if plain is not None:
+        return repr(plain)
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return np.array2string(np.asarray(value), threshold=8)
+    return repr(value)
 
 
 def _summary(item: Any) -> dict:
@@ -289,6 +434,7 @@ def _summary(item: Any) -> dict:
         }
     for name in ("count", "step"):
         value = getattr(item, name, None)
+        value = value.get_value() if hasattr(value, "get_value") else value  # an NNX variable
         if _plain(value) is not None:
             summary[name] = _plain(value)
     return summary

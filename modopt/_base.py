@@ -24,12 +24,18 @@ from ._fields import pretty, static, tree_hash, validate_hyperparameters
 from ._specs import follow_params
 
 PyTree = Any
-Params = Any  # a pytree of parameter arrays
-Updates = Any  # a pytree of updates (gradients), shaped like the params
-OptState = Any  # a transform's state: a pytree of arrays
+Params = Any
+"""A pytree of parameter arrays (a model, a dict of arrays...)."""
+Updates = Any
+"""A pytree of updates (gradients at first), with the structure and shapes of the params."""
+OptState = Any
+"""A transform's state: a pytree of arrays (a named tuple of each transform's fields)."""
 TransformInitFn = Callable[[Params], OptState]
-TransformUpdateFn = Callable[..., tuple[Updates, OptState]]  # (updates, state, params=None)
-TransformUpdateExtraArgsFn = Callable[..., tuple[Updates, OptState]]  # (updates, state, params=None, **extra_args)
+"""`init(params) -> state`."""
+TransformUpdateFn = Callable[..., tuple[Updates, OptState]]
+"""`update(updates, state, params=None) -> (updates, state)`."""
+TransformUpdateExtraArgsFn = Callable[..., tuple[Updates, OptState]]
+"""`update(updates, state, params=None, **extra_args) -> (updates, state)`."""
 
 
 @runtime_checkable
@@ -272,7 +278,11 @@ def require_params(params: Params, transform: Any) -> None:
 
 
 def init_empty_state(params: Params) -> EmptyState:
-    """The init function of a stateless transform."""
+    """The init function of a stateless transform.
+
+    Args:
+        params: the parameters (unused).
+    """
     del params
     return EmptyState()
 
@@ -282,6 +292,13 @@ class FromOptax(AbstractTransform):
 
     Its functions are code and therefore static: its hyperparameters live in their closures,
     so changing them retraces. Prefer the native modopt transform where one exists.
+
+    Args:
+        tx: the object with `init` and `update`, such as an optax `GradientTransformation` (static:
+            code).
+        accepted_extra_args: the names of the extra arguments of `update` passed on to `tx.update`,
+            or `None` to pass all of them (an `update` taking `**kwargs`); `from_optax` reads them
+            off `tx.update`'s signature (static).
     """
 
     tx: Any = static()
@@ -298,6 +315,9 @@ class FromOptax(AbstractTransform):
 
 def from_optax(tx: GradientTransformation) -> AbstractTransform:
     """Wraps an optax transform (or anything with `init`/`update`) into a modopt transform.
+
+    Args:
+        tx: the optax transform, or any object with `init` and `update`.
 
     Example:
         >>> import optax, modopt
@@ -355,6 +375,9 @@ def with_extra_args_support(tx: GradientTransformation) -> AbstractTransform:
     """Returns a transform whose `update` accepts (and ignores unneeded) `**extra_args`.
 
     modopt transforms already do, and are returned unchanged; others are wrapped.
+
+    Args:
+        tx: the transform: a modopt one, or an optax one without extra arguments.
     """
     return from_optax(tx)
 

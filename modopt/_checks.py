@@ -42,6 +42,21 @@ def _first_difference(expected: Any, found: Any, path: str = "", leaf: str = "a 
     return None
 
 
+def prefix_difference(prefix: Any, full: Any, path: str = "") -> str | None:
+    """Where `prefix` (a mask or labels tree, the structure of `full` or a prefix of it) first
+    departs from `full`'s structure: `None` if it does not. A leaf of `prefix` stands for the
+    whole subtree of `full` at its place."""
+    if prefix is not None and jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(prefix)):
+        return None
+    if _node(prefix) != _node(full):
+        return _describe(full, prefix, path or "the root", "one value for the parameter")
+    for (key, part), (_, whole) in zip(_children(prefix), _children(full)):
+        difference = prefix_difference(part, whole, path + key)
+        if difference:
+            return difference
+    return None
+
+
 def _describe(expected: Any, found: Any, where: str, leaf: str) -> str:
     if _node(expected).num_nodes == 1 and _node(expected).num_leaves == 1:
         return f"a {type(found).__name__} at {where}, where {leaf} is expected"

@@ -46,7 +46,11 @@ class Declared(NamedTuple):
 
 
 def declared_extra_args(tx: Any) -> Declared:
-    """Every extra argument read by `tx` or any transform inside it."""
+    """Every extra argument read by `tx` or any transform inside it.
+
+    Args:
+        tx: a transform, possibly a composition of others.
+    """
     from ._base import AbstractComposite, AbstractTransform, FromOptax
 
     args: dict[str, tuple[ExtraArg, tuple[str, ...]]] = {}
@@ -150,7 +154,14 @@ def adapt_to_params(
 
 
 def extra_arg(extra_args: Mapping[str, Any], name: str, owner: Any) -> Any:
-    """`extra_args[name]` for `owner.update`, or a `TypeError` saying what to pass."""
+    """`extra_args[name]` for `owner.update`, or a `TypeError` saying what to pass.
+
+    Args:
+        extra_args: the `**extra_args` that `update` received.
+        name: the name of the extra argument to read.
+        owner: the transform reading it, named in the error (its `extra_args_spec` describes the
+            argument).
+    """
     if name in extra_args:
         return extra_args[name]
     spec = next((s for s in type(owner).extra_args_spec if s.name == name), None)

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import prefix_difference
+
 _CHECK = "modopt_check"  # metadata key: the field is a hyperparameter, with this `Check` (or None)
 _CHOICES = "modopt_choices"  # metadata key: the values a static field may take
 _OPTIONAL = "modopt_optional"  # metadata key: `None` (switching the feature off) is accepted
@@ -35,7 +37,12 @@ _KINDS = {
 
 
 class Check:
-    """A named predicate on a concrete hyperparameter value, e.g. `in [0, 1)`."""
+    """A named predicate on a concrete hyperparameter value, e.g. `in [0, 1)`.
+
+    Args:
+        description: the condition in words, as error messages show it (`"in [0, 1)"`).
+        predicate: a function of the value as a NumPy array returning whether it passes.
+    """
 
     def __init__(self, description: str, predicate: Callable[[np.ndarray], bool]):
         self.description = description
@@ -46,7 +53,14 @@ class Check:
 
 
 def interval(lo: float, hi: float, *, closed_lo: bool = True, closed_hi: bool = False) -> Check:
-    """Values in an interval; `interval(0, 1)` is `[0, 1)`."""
+    """Values in an interval; `interval(0, 1)` is `[0, 1)`.
+
+    Args:
+        lo: the lower end.
+        hi: the upper end.
+        closed_lo: whether `lo` itself is allowed.
+        closed_hi: whether `hi` itself is allowed.
+    """
     left = "[" if closed_lo else "("
     right = "]" if closed_hi else ")"
 
@@ -75,6 +89,10 @@ class Rate(eqx.Module):
     complement computed in double precision, so `1 - rate` is exact to float32. Elsewhere a
     rate acts as its value (`rate * x`, `rate ** t`, `jnp.asarray(rate)`, `float(rate)`).
     Gradients with respect to the rate flow through `value` only.
+
+    Args:
+        value: the rate `b`, a float32 array.
+        complement: `1 - b`, a float32 array computed where it is exact.
     """
 
     value: Any
@@ -179,13 +197,20 @@ def hyperparameter(
     check: Check | None = None,
     kind: str = "number",
     optional: bool = False,
-    **kwargs,
+    **kwargs: Any,
 ):
     """A numeric hyperparameter field: an array leaf, validated at construction by `check`.
 
     `kind` says what it accepts: "number" (the default), "number_or_schedule" (see
     `scalar_or_schedule`) or "schedule". `None` is accepted where it is the default or where
     the field is `optional` (`None` switches the feature off, e.g. Adafactor's clipping).
+
+    Args:
+        default: the field's default value; leave it out for a required field.
+        check: a `Check` the value must pass at construction, or `None` for none.
+        kind: `"number"`, `"number_or_schedule"` or `"schedule"`: what the field accepts.
+        optional: accept `None` (the feature switched off) even where it is not the default.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
     if kind not in _KINDS:
         raise ValueError(f"Unknown hyperparameter kind {kind!r}; the kinds are {sorted(_KINDS)}.")
@@ -197,18 +222,35 @@ def hyperparameter(
     return eqx.field(default=default, converter=converter, metadata=metadata, **kwargs)
 
 
-def rate(default: Any = dataclasses.MISSING, *, check: Check | None = None, **kwargs):
-    """A decay-rate hyperparameter (a `Rate`: `1 - rate` stays exact in float32)."""
+def rate(default: Any = dataclasses.MISSING, *, check: Check | None = None, **kwargs: Any):
+    """A decay-rate hyperparameter (a `Rate`: `1 - rate` stays exact in float32).
+
+    Args:
+        default: the field's default rate; leave it out for a required field.
+        check: a `Check` the value must pass at construction, or `None` for none.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return hyperparameter(default, check=check, converter=as_rate, **kwargs)
 
 
-def static(default: Any = dataclasses.MISSING, **kwargs):
-    """A structural field: part of the treedef (flags, dtypes, integers that shape the math)."""
+def static(default: Any = dataclasses.MISSING, **kwargs: Any):
+    """A structural field: part of the treedef (flags, dtypes, integers that shape the math).
+
+    Args:
+        default: the field's default value; leave it out for a required field.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return eqx.field(default=default, static=True, **kwargs)
 
 
-def choice(default: Any, options: tuple[Any, ...], **kwargs):
-    """A static field taking one of `options` (a mode, a variant), validated at construction."""
+def choice(default: Any, options: tuple[Any, ...], **kwargs: Any):
+    """A static field taking one of `options` (a mode, a variant), validated at construction.
+
+    Args:
+        default: the default option.
+        options: the allowed values.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     metadata = dict(kwargs.pop("metadata", {}))
     metadata[_CHOICES] = tuple(options)
     return static(default, metadata=metadata, **kwargs)
@@ -233,11 +275,15 @@ def as_key(value: Any) -> jax.Array:
     )
 
 
-def prng_key(default: Any = dataclasses.MISSING, **kwargs):
+def prng_key(default: Any = dataclasses.MISSING, **kwargs: Any):
     """A PRNG-key field: a typed key leaf (from a key, raw key data or an integer seed).
 
     Typed keys hash (see `tree_hash`), are replicated by the sharding rules and are saved by
     the Orbax integration as their key data.
+
+    Args:
+        default: the field's default key or seed; leave it out for a required field.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
     return eqx.field(default=default, converter=as_key, **kwargs)
 
@@ -402,11 +448,21 @@ def as_static_tree(value: Any) -> Any:
     return StaticTree(value)
 
 
-def resolve_tree(value: Any, params: Any) -> Any:
-    """The concrete mask/labels tree: call it on `params` if it is a function."""
-    if isinstance(value, StaticTree):
-        return value.tree
-    return as_static_tree(value(params)).tree
+def resolve_tree(value: Any, params: Any, what: str | None = None) -> Any:
+    """The concrete mask/labels tree: call it on `params` if it is a function.
+
+    With `what` (e.g. "masked: the mask"), the tree must have the structure of `params` or
+    a prefix of it; a `ValueError` names the first path where it does not.
+    """
+    tree = value.tree if isinstance(value, StaticTree) else as_static_tree(value(params)).tree
+    if what is not None and params is not None:
+        difference = prefix_difference(tree, params)
+        if difference:
+            raise ValueError(
+                f"{what} and the parameters differ in structure (it must be theirs, or a prefix of "
+                f"it): found {difference}."
+            )
+    return tree
 
 
 def pretty(module: eqx.Module) -> str:

@@ -28,6 +28,11 @@ class WeightDecayMask:
     and `True` for every other floating-point array. Instances compare by value, so
     rebuilding an optimizer with an equal mask does not retrace a jitted step.
 
+    Args:
+        exclude: the leaf names (attribute names or dict keys) that get no weight decay.
+        exclude_modules: the module types inside which no leaf gets weight decay (normalization
+            layers by default).
+
     Example:
         >>> import equinox as eqx, jax, modopt
         >>> model = eqx.nn.Sequential([eqx.nn.Linear(2, 3, key=jax.random.key(0)), eqx.nn.LayerNorm(3)])
@@ -66,3 +71,8 @@ def _name(key: Any) -> Any:
 
 
 weight_decay_mask = WeightDecayMask()
+"""The default `WeightDecayMask`: no weight decay on biases and on Equinox's normalization layers.
+
+Pass it as the mask (`modopt.adamw(1e-3, mask=modopt.weight_decay_mask)`) or call it on a model
+to see the mask; `WeightDecayMask(exclude=..., exclude_modules=...)` makes another.
+"""

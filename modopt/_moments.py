@@ -6,21 +6,38 @@ Each works leaf by leaf on pytrees; `None` leaves of `updates` are carried throu
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from ._trees import abs_sq, map_updates
 
+if TYPE_CHECKING:
+    from ._base import Updates
 
-def update_moment(updates: Any, moments: Any, decay: Any, order: int) -> Any:
-    """EMA of the `order`-th power: `(1 - decay) * g**order + decay * m`."""
+
+def update_moment(updates: Updates, moments: Updates, decay: Any, order: int) -> Updates:
+    """EMA of the `order`-th power: `(1 - decay) * g**order + decay * m`.
+
+    Args:
+        updates: the new updates `g`, a pytree (`None` leaves are skipped).
+        moments: the moments `m`, with the structure of `updates`.
+        decay: the decay rate, in [0, 1].
+        order: the power of `g`, an integer >= 1.
+    """
     return map_updates(lambda g, m: (1 - decay) * (g**order) + decay * m, updates, moments)
 
 
-def update_moment_per_elem_norm(updates: Any, moments: Any, decay: Any, order: int) -> Any:
-    """EMA of `|g|**order`, element-wise; for complex `g` the modulus is used."""
+def update_moment_per_elem_norm(updates: Updates, moments: Updates, decay: Any, order: int) -> Updates:
+    """EMA of `|g|**order`, element-wise; for complex `g` the modulus is used.
+
+    Args:
+        updates: the new updates `g`, a pytree (`None` leaves are skipped).
+        moments: the moments `m`, with the structure of `updates`.
+        decay: the decay rate, in [0, 1].
+        order: the power of `|g|`, an integer >= 1.
+    """
 
     def power_of_norm(g):
         if not jnp.iscomplexobj(g):
@@ -31,8 +48,15 @@ def update_moment_per_elem_norm(updates: Any, moments: Any, decay: Any, order: i
     return map_updates(lambda g, m: (1 - decay) * power_of_norm(g) + decay * m, updates, moments)
 
 
-def update_infinity_moment(updates: Any, moments: Any, decay: Any, eps: Any) -> Any:
-    """EMA of the infinity norm: `max(|g| + eps, decay * m)`."""
+def update_infinity_moment(updates: Updates, moments: Updates, decay: Any, eps: Any) -> Updates:
+    """EMA of the infinity norm: `max(|g| + eps, decay * m)`.
+
+    Args:
+        updates: the new updates `g`, a pytree.
+        moments: the running maximum `m`, with the structure of `updates`.
+        decay: the decay rate, in [0, 1].
+        eps: added to `|g|`, >= 0.
+    """
     return map_updates(lambda g, m: jnp.maximum(jnp.abs(g) + eps, decay * m), updates, moments)
 
 

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from ._trees import abs_sq as abs_sq
 from ._trees import global_norm as global_norm
 
 
-def safe_norm(x, min_norm, ord=None, axis=None, keepdims: bool = False) -> jax.Array:  # noqa: A002
+def safe_norm(
+    x: ArrayLike,
+    min_norm: ArrayLike,
+    ord: int | float | str | None = None,  # noqa: A002
+    axis: int | tuple[int, ...] | None = None,
+    keepdims: bool = False,
+) -> jax.Array:
     """`max(norm(x), min_norm)` whose gradient is 0 (not NaN) where the norm is below `min_norm`.
 
     `jnp.maximum(jnp.linalg.norm(x), min_norm)` has a NaN gradient at `x = 0`: the gradient
@@ -42,7 +49,7 @@ def safe_norm(x, min_norm, ord=None, axis=None, keepdims: bool = False) -> jax.A
     return jnp.where(small, min_norm, masked)
 
 
-def safe_root_mean_squares(x, min_rms) -> jax.Array:
+def safe_root_mean_squares(x: ArrayLike, min_rms: ArrayLike) -> jax.Array:
     """`max(sqrt(mean(|x|**2)), min_rms)` with a zero (not NaN) gradient below `min_rms`.
 
     As in `safe_norm`, the root mean square is computed on ones where it is at most `min_rms`,
@@ -68,7 +75,11 @@ def safe_root_mean_squares(x, min_rms) -> jax.Array:
 
 
 def safe_increment(count: jax.Array) -> jax.Array:
-    """`count + 1`, saturating at the dtype's maximum instead of overflowing."""
+    """`count + 1`, saturating at the dtype's maximum instead of overflowing.
+
+    Args:
+        count: the counter, an integer array (signed or unsigned).
+    """
     count = jnp.asarray(count)
     if jnp.issubdtype(count.dtype, jnp.integer):
         top = jnp.iinfo(count.dtype).max

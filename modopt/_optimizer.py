@@ -109,7 +109,7 @@ class Optimizer(eqx.Module):
     def _filter(self, model):
         """A bool per leaf of `model`: selected by `wrt`, and a floating or complex array."""
         # A callable `wrt` is a per-leaf predicate (as in `eqx.partition`); a tree is a filter spec.
-        spec = self.wrt if callable(self.wrt) else resolve_tree(self.wrt, model)
+        spec = self.wrt if callable(self.wrt) else resolve_tree(self.wrt, model, "Optimizer: the `wrt` filter tree")
         selected = eqx.filter(model, spec)
         return jax.tree_util.tree_map(lambda x, s: s is not None and eqx.is_inexact_array(x), model, selected)
 

@@ -9,10 +9,13 @@ turns the specs into `NamedSharding`s on a mesh and checks them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from jax.sharding import PartitionSpec
+
+if TYPE_CHECKING:
+    from ._base import OptState, Params
 
 REPLICATED = PartitionSpec()
 SMALL = 1024  # elements: bookkeeping arrays up to this size are replicated by the generic rule
@@ -23,6 +26,10 @@ class NoRule:
 
     `modopt.sharding` turns it into an error naming the leaf's path, so an unplaceable state
     is never replicated silently.
+
+    Args:
+        owner: the name of the transform whose state leaf has no rule.
+        shape: the shape of that leaf.
     """
 
     def __init__(self, owner: str, shape: tuple[int, ...]):
@@ -44,7 +51,13 @@ def padded(spec: PartitionSpec, ndim: int) -> tuple:
 
 
 def drop_axis(spec: PartitionSpec, ndim: int, axis: int) -> PartitionSpec:
-    """The spec of a reduction over `axis` of an array of rank `ndim` with spec `spec`."""
+    """The spec of a reduction over `axis` of an array of rank `ndim` with spec `spec`.
+
+    Args:
+        spec: the spec of the array reduced.
+        ndim: the array's rank.
+        axis: the axis reduced (negative counts from the end).
+    """
     entries = list(padded(spec, ndim))
     del entries[axis]
     return PartitionSpec(*entries)
@@ -67,7 +80,7 @@ def _leaf_spec(leaf: Any, param: Any, spec: PartitionSpec) -> PartitionSpec | No
     return None
 
 
-def follow_params(state: Any, params: Any, param_specs: Any, owner: str) -> Any:
+def follow_params(state: OptState, params: Params, param_specs: Any, owner: str) -> Any:
     """Specs for `state` by shape: the generic rule of `AbstractTransform.state_specs`.
 
     Each subtree of `state` laid out like `params` (moments, traces; entries of frozen or
@@ -76,6 +89,12 @@ def follow_params(state: Any, params: Any, param_specs: Any, owner: str) -> Any:
     per-step scalars of a history) are replicated. Any larger leaf gets a `NoRule` marker
     naming `owner`, the transform that should declare a rule: replicating it silently could
     cost every device a large copy.
+
+    Args:
+        state: the transform's state, concrete or abstract.
+        params: the parameters, concrete or abstract.
+        param_specs: the parameters' `PartitionSpec`s, with the structure of `params`.
+        owner: the name of the transform, for the `NoRule` markers.
     """
     by_path = {
         path: (param, spec)

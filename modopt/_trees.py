@@ -54,7 +54,11 @@ def select(condition: Any, on_true: Any, on_false: Any) -> Any:
 
 
 def abs_sq(x: jax.Array) -> jax.Array:
-    """`|x|**2`, real-valued also for complex `x`."""
+    """`|x|**2`, real-valued also for complex `x`.
+
+    Args:
+        x: an array, real or complex.
+    """
     x = jnp.asarray(x)
     return (jnp.conj(x) * x).real
 
@@ -68,7 +72,11 @@ def sum_of_squares(tree: Any) -> jax.Array:
 
 
 def global_norm(tree: Any) -> jax.Array:
-    """The L2 norm of all leaves of `tree` taken together (complex leaves by modulus)."""
+    """The L2 norm of all leaves of `tree` taken together (complex leaves by modulus).
+
+    Args:
+        tree: a pytree of arrays (`None` leaves are skipped).
+    """
     return jnp.sqrt(sum_of_squares(tree))
 
 

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from ._trees import is_none, map_updates
 
+if TYPE_CHECKING:
+    from ._base import Params, Updates
 
-def apply_updates(params: Any, updates: Any) -> Any:
+
+def apply_updates(params: Params, updates: Updates) -> Params:
     """`params + updates`, leaf by leaf, each result cast back to its parameter's dtype.
 
     `None` leaves in `params` stay `None`.
+
+    Args:
+        params: the parameters, a pytree of arrays (possibly with `None` leaves).
+        updates: the updates, with the structure of `params`.
     """
     return jax.tree_util.tree_map(
         lambda p, u: None if p is None else jnp.asarray(p + u).astype(jnp.asarray(p).dtype),
@@ -24,12 +31,25 @@ def apply_updates(params: Any, updates: Any) -> Any:
 
 
 def incremental_update(new_tensors: Any, old_tensors: Any, step_size: Any) -> Any:
-    """Polyak averaging: `step_size * new + (1 - step_size) * old`, leaf by leaf."""
+    """Polyak averaging: `step_size * new + (1 - step_size) * old`, leaf by leaf.
+
+    Args:
+        new_tensors: the new values, a pytree.
+        old_tensors: the running average, with the structure of `new_tensors`.
+        step_size: the weight of the new values, in [0, 1].
+    """
     return map_updates(lambda new, old: step_size * new + (1.0 - step_size) * old, new_tensors, old_tensors)
 
 
 def periodic_update(new_tensors: Any, old_tensors: Any, steps: Any, update_period: Any) -> Any:
-    """`new_tensors` when `steps` is a multiple of `update_period`, else `old_tensors`."""
+    """`new_tensors` when `steps` is a multiple of `update_period`, else `old_tensors`.
+
+    Args:
+        new_tensors: the values taken at the update steps, a pytree.
+        old_tensors: the values kept otherwise, with the structure of `new_tensors`.
+        steps: the step count, an integer scalar.
+        update_period: the period, an integer > 0.
+    """
     return jax.lax.cond(
         jnp.mod(steps, update_period) == 0, lambda: new_tensors, lambda: old_tensors
     )

@@ -80,11 +80,19 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "contrib.MechanicState", "contrib.mechanize", "experimental.SplitRealAndImaginaryState",
         "experimental.split_real_and_imaginary",
     ),
+    "trax optimizers": (
+        "trax.Adafactor", "trax.Adam", "trax.Momentum", "trax.MomentumType", "trax.Optimizer",
+        "trax.RMSProp", "trax.SGD", "trax.SM3", "trax.clip_grads", "trax.l2_norm",
+    ),
 }  # fmt: skip
 
 
 def present(name: str) -> bool:
-    """Whether `name` (dotted for a subpackage) exists in modopt."""
+    """Whether `name` (dotted for a subpackage) exists in modopt.
+
+    Args:
+        name: a public name, dotted for a subpackage (`"second_order.hessian_diag"`).
+    """
     module = importlib.import_module("modopt")
     *packages, attribute = name.split(".")
     for package in packages:
@@ -96,7 +104,11 @@ def present(name: str) -> bool:
 
 
 def report(width: int = 30) -> None:
-    """Prints a bar per family (names present / names in the family), then any missing name."""
+    """Prints a bar per family (names present / names in the family), then any missing name.
+
+    Args:
+        width: the width of the bars, in characters.
+    """
     missing = []
     for family, names in FAMILIES.items():
         found = sum(present(name) for name in names)

@@ -41,35 +41,71 @@ STEP_SIZE = Check(">= 0 and finite", lambda v: bool(np.all((v >= 0) & np.isfinit
 
 
 def learning_rate(default: Any = MISSING, **kwargs: Any):
-    """A learning rate: a finite number >= 0, or a schedule."""
+    """A learning rate: a finite number >= 0, or a schedule.
+
+    Args:
+        default: the field's default; leave it out for a required field.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return scalar_or_schedule(default, check=STEP_SIZE, **kwargs)
 
 
 def decay_rate(default: Any = MISSING, *, check: Check = PROBABILITY_EXCLUSIVE, **kwargs: Any):
-    """The decay rate of a moving average (`b1`, `b2`, `rho`...), in [0, 1) by default."""
+    """The decay rate of a moving average (`b1`, `b2`, `rho`...), in [0, 1) by default.
+
+    Args:
+        default: the field's default; leave it out for a required field.
+        check: the `Check` the rate must pass at construction.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return rate(default, check=check, **kwargs)
 
 
 def momentum(default: Any = MISSING, **kwargs: Any):
-    """A momentum coefficient in [0, 1], or `None` for no momentum where that is the default."""
+    """A momentum coefficient in [0, 1], or `None` for no momentum where that is the default.
+
+    Args:
+        default: the field's default; leave it out for a required field.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return hyperparameter(default, check=UNIT, **kwargs)
 
 
 def eps(default: Any = MISSING, **kwargs: Any):
-    """A small constant >= 0 for numerical stability."""
+    """A small constant >= 0 for numerical stability.
+
+    Args:
+        default: the field's default; leave it out for a required field.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return hyperparameter(default, check=NONNEGATIVE, **kwargs)
 
 
 def weight_decay(default: Any = MISSING, **kwargs: Any):
-    """A weight-decay strength, or a schedule. Any sign: some optimizers decay by a negative rate."""
+    """A weight-decay strength, or a schedule. Any sign: some optimizers decay by a negative rate.
+
+    Args:
+        default: the field's default; leave it out for a required field.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return scalar_or_schedule(default, **kwargs)
 
 
 def mask(default: Any = None, **kwargs: Any):
-    """A mask: a pytree of bools shaped like (a prefix of) the params, or a function of them."""
+    """A mask: a pytree of bools shaped like (a prefix of) the params, or a function of them.
+
+    Args:
+        default: the default mask; `None` for no mask (everything selected).
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return static(default, converter=as_static_tree, **kwargs)
 
 
 def dtype(default: Any = None, **kwargs: Any):
-    """A dtype for an accumulator (`None`: that of the params)."""
+    """A dtype for an accumulator (`None`: that of the params).
+
+    Args:
+        default: the default dtype; `None` for the params' dtype.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+    """
     return static(default, converter=canonical_dtype, **kwargs)

@@ -5,6 +5,7 @@ The sharded linen TrainState with logical axis rules is in `test_sharded.py`.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -132,7 +133,7 @@ def test_train_state_resume_is_bit_exact(tmp_path):
         if i == 3:
             with CheckpointManager(tmp_path) as manager:
                 manager.save(4, state=state)
-    fresh = jax.tree.map(jnp.zeros_like, make())
+    fresh = make()  # freshly created: `step` is the Python int 0, the hyperparameters are the code's
     with CheckpointManager(tmp_path) as manager:
         resumed = manager.restore(state=fresh)["state"]
     for _ in range(4):
@@ -202,3 +203,19 @@ def test_value_fn_takes_the_params_in_linen_and_the_model_in_nnx():
     after = nnx.as_pure(nnx.state(model, nnx.Param))
     for a, b, g in zip(jax.tree.leaves(after), jax.tree.leaves(before), jax.tree.leaves(nnx.as_pure(nnx.state(grads, nnx.Param)))):
         np.testing.assert_allclose(a, b - expected_factor * g, rtol=1e-6)
+
+
+def test_importing_without_flax_says_how_to_install(monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flax", None)  # as if flax were not installed
+    monkeypatch.delitem(sys.modules, "modopt.integrations.flax")
+    with pytest.raises(ImportError, match=re.escape("modopt.integrations.flax needs flax: pip install 'modopt[flax]'")):
+        importlib.import_module("modopt.integrations.flax")
+
+
+def test_unknown_apply_gradients_keyword_is_an_error():
+    state = TrainState.create(apply_fn=None, params={"w": jnp.ones(3)}, tx=modopt.adam(1e-3))
+    with pytest.raises(TypeError, match="got the extra argument `misspelled_field`, which no transform of Adam reads"):
+        state.apply_gradients(grads={"w": jnp.ones(3)}, misspelled_field=3)

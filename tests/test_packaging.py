@@ -39,6 +39,7 @@ def test_wheel_contains_and_imports_every_subpackage(tmp_path):
     expected = source_packages()
     assert {"modopt", "modopt.transforms", "modopt.integrations"} <= expected, expected
     assert in_wheel == expected, f"missing from the wheel: {expected - in_wheel}; not in the source: {in_wheel - expected}"
+    assert "modopt/py.typed" in names, "the PEP 561 marker is missing: type checkers would ignore modopt's hints"
     # Import each from the unpacked wheel only: run elsewhere, with the wheel first on the path.
     script = "import importlib, modopt; assert modopt.__file__.startswith({site!r}), modopt.__file__\n".format(
         site=str(tmp_path / "site")

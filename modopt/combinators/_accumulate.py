@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
+from .._base import AbstractTransform, AbstractWrapper, Params, Updates, inner_transform
 from .._fields import POSITIVE_INTEGER, hyperparameter, static
 from .._numerics import safe_increment
 from .._trees import cast_like, map_updates, zeros_like
-from ..schedules._base import scalar_or_schedule, value_at
+from ..schedules._base import ScalarOrSchedule, scalar_or_schedule, value_at
 
 # Counts of steps given as hyperparameters: whole numbers (as Python ints or integer arrays).
 
@@ -113,8 +113,14 @@ class ShouldSkipUpdateFunction(Protocol):
     def __call__(self, updates: Any, gradient_step: jax.Array, params: Any) -> tuple[jax.Array, Any]: ...
 
 
-def skip_not_finite(updates: Any, gradient_step: Any, params: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+def skip_not_finite(updates: Updates, gradient_step: Any, params: Params) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Skips a mini-step whose `updates` hold any `inf` or `NaN`.
+
+    Args:
+        updates: the mini-step's updates (gradients), a pytree.
+        gradient_step: the number of gradient steps taken so far (unused; part of the
+            `should_skip_update_fn` signature).
+        params: the parameters (unused; part of the signature).
 
     Returns `(should_skip, {"should_skip": should_skip, "num_not_finite": count})`, where
     `count` is the number of non-finite elements over all leaves.
@@ -127,9 +133,17 @@ def skip_not_finite(updates: Any, gradient_step: Any, params: Any) -> tuple[jax.
 
 
 def skip_large_updates(
-    updates: Any, gradient_step: Any, params: Any, max_squared_norm: Any
+    updates: Updates, gradient_step: Any, params: Params, max_squared_norm: Any
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Skips a mini-step whose squared global norm is not below `max_squared_norm` (or is NaN).
+
+    Args:
+        updates: the mini-step's updates (gradients), a pytree.
+        gradient_step: the number of gradient steps taken so far (unused; part of the
+            `should_skip_update_fn` signature).
+        params: the parameters (unused; part of the signature).
+        max_squared_norm: the threshold of the squared global norm: a mini-step at or above it is
+            skipped.
 
     Returns `(should_skip, {"should_skip": should_skip, "norm_squared": squared_norm})`. Bind
     the threshold once, at module level, so rebuilding the optimizer does not retrace:
@@ -195,7 +209,7 @@ class MultiSteps(AbstractWrapper):
     """
 
     inner: AbstractTransform = inner_transform()
-    every_k_schedule: Any = scalar_or_schedule(check=POSITIVE_INTEGER)
+    every_k_schedule: ScalarOrSchedule = scalar_or_schedule(check=POSITIVE_INTEGER)
     use_grad_mean: bool = static(default=True)
     should_skip_update_fn: Callable[..., tuple[Any, Any]] | None = static(default=None)
     accumulator_dtype: Any = fields.dtype(jnp.float32)

@@ -150,5 +150,10 @@ def maybe_update(inner: Any, should_update_fn: Callable[[jax.Array], Any]) -> Co
     The older name of `conditionally_transform(inner, should_update_fn)`, which it returns:
     at the other steps the updates and the inner state pass through unchanged; the step
     counter advances at every call. Its state is a `ConditionallyTransformState`.
+
+    Args:
+        inner: the transform run at the chosen steps (a modopt or optax transform).
+        should_update_fn: a function of the step count (from 0) returning a bool, jittable (static:
+            code).
     """
     return ConditionallyTransform(inner, should_update_fn)

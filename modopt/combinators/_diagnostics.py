@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
+from .._base import AbstractTransform, AbstractWrapper, OptState, inner_transform
 from .._hyperparameters import single_learning_rate
 from .._numerics import safe_increment
 from .._trees import global_norm
@@ -37,6 +37,9 @@ class WithDiagnostics(AbstractWrapper):
     SGD, the effective one for adaptive methods).
 
     Put it outermost, so that it sees the gradients as they come and the final updates.
+
+    Args:
+        inner: the transform to run and watch (a modopt or optax transform).
     """
 
     inner: AbstractTransform = inner_transform()
@@ -65,16 +68,24 @@ def _one_rate(tx: AbstractTransform, state: Any) -> jax.Array:
 
 
 def with_diagnostics(inner: Any) -> WithDiagnostics:
-    """Wraps `inner` so that its state records each step's norms, learning rate and skips."""
+    """Wraps `inner` so that its state records each step's norms, learning rate and skips.
+
+    Args:
+        inner: the transform to run and watch (a modopt or optax transform).
+    """
     return WithDiagnostics(inner)
 
 
-def diagnostics(tx: AbstractTransform, state: Any) -> dict[str, jax.Array]:
+def diagnostics(tx: AbstractTransform, state: OptState) -> dict[str, jax.Array]:
     """The diagnostics recorded by the (outermost) `with_diagnostics` inside `tx`, from `state`.
 
     Keys: `steps`, `skipped_steps`, `grad_norm`, `update_norm`, `learning_rate` and
     `effective_learning_rate` (`update_norm / grad_norm`). A `ValueError` says when `tx` has no
     `with_diagnostics`.
+
+    Args:
+        tx: the transform holding a `with_diagnostics`, outermost or inside a combinator.
+        state: the state of `tx`, from `tx.init` and `tx.update` (or `Optimizer.state`).
     """
     found = _find(tx, state)
     if found is None:

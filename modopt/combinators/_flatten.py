@@ -90,6 +90,9 @@ class Flatten(AbstractTransform):
     sizes, odd as soon as one bias or scalar is) is rarely divisible by them. With
     `zero_axis=`, ZeRO-1 still splits it over that axis where the length allows.
 
+    Args:
+        inner: the transform to run on the flat vector (a modopt or optax transform).
+
     Example:
         >>> tx = modopt.flatten(modopt.adam(1e-3))
         >>> state = tx.init({"w": jnp.ones((2, 3)), "b": jnp.zeros(3)})  # mu, nu of shape (9,)

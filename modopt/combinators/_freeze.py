@@ -35,6 +35,10 @@ class Freeze(AbstractComposite):
     Frozen parameters still get a state in the transforms chained before `freeze`; to give
     them none, use `selective_transform`.
 
+    Args:
+        mask: `True` where frozen: one bool, a pytree of bools whose structure is a prefix of the
+            params', or a function of the params returning one (static).
+
     Example:
         >>> tx = modopt.chain(modopt.adam(1e-3), modopt.freeze({"embedding": True, "head": False}))
     """
@@ -67,6 +71,11 @@ class SelectiveTransform(AbstractComposite):
 
     It is `partition({"train": optimizer, "freeze": set_to_zero()}, labels)` with the labels
     read off the mask, and has that state.
+
+    Args:
+        optimizer: the transform run on the trainable parameters (a modopt or optax transform).
+        freeze_mask: `True` where frozen: one bool, a pytree of bools whose structure is a prefix of
+            the params', or a function of the params returning one (static).
 
     Example:
         >>> tx = modopt.selective_transform(modopt.adam(1e-3), freeze_mask={"embedding": True, "head": False})

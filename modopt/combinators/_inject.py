@@ -44,6 +44,14 @@ class InjectHyperparams(AbstractTransform):
     the state holds them (so `state.hyperparams[name] = value` takes effect at the next
     step) and schedules evaluated at the step count. Floats are cast to `hyperparam_dtype`
     (default: the highest float dtype of the params). Made by `inject_hyperparams`.
+
+    Args:
+        inner_factory: the transform's factory, such as `modopt.adam` or `optax.sgd` (static: code).
+        hyperparams: the injected hyperparameters by name: numbers, and schedules of the step count.
+        others: the factory's other arguments (flags, dtypes, masks and `static_args`), passed as
+            they are (static).
+        hyperparam_dtype: the dtype of the injected floats; `None` for the widest float dtype of the
+            params.
     """
 
     inner_factory: Callable[..., Any] = fields.static()
@@ -144,6 +152,14 @@ def inject_hyperparams(
     `modopt.Optimizer(...).set(b1=0.95)` writes there too, since that is where the value lives.
 
     Works with modopt factories and optax ones (`inject_hyperparams(optax.sgd)`).
+
+    Args:
+        inner_factory: the factory whose arguments are injected: a modopt constructor
+            (`modopt.adam`) or an optax function (`optax.sgd`).
+        static_args: the name, or names, of arguments passed through as they are rather than
+            injected.
+        hyperparam_dtype: the dtype of the injected floats; `None` for the widest float dtype of the
+            params.
     """
     static_names = {static_args} if isinstance(static_args, str) else set(static_args)
     signature = inspect.signature(inner_factory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from .._base import AbstractTransform, AbstractWrapper, inner_transform
 from .._fields import as_static_tree, resolve_tree, static
@@ -31,6 +32,13 @@ class Masked(AbstractWrapper):
     `mask` is a pytree of bools whose structure is a prefix of the params, or a function of
     the params (or updates) returning one. With `mask_compatible_extra_args=True`, extra
     arguments with the params' structure are masked too.
+
+    Args:
+        inner: the transform applied where the mask is `True` (a modopt or optax transform).
+        mask: a pytree of bools whose structure is a prefix of the params', or a function of the
+            params returning one (static).
+        mask_compatible_extra_args: also mask the extra arguments of `update` that have the params'
+            structure, so that `inner` sees them restricted like the updates (static).
     """
 
     inner: AbstractTransform = inner_transform()
@@ -42,13 +50,25 @@ class Masked(AbstractWrapper):
             raise ValueError("masked needs a mask (a pytree of bools or a function returning one).")
 
     def inner_view(self, tree, params):
-        return mask_tree(tree, resolve_tree(self.mask, params))
+        return mask_tree(tree, self._mask(params))
+
+    def _mask(self, tree):
+        """The mask for `tree`, checked: a prefix of its structure, booleans at the leaves."""
+        mask = resolve_tree(self.mask, tree, "masked: the mask")
+        for path, leaf in jax.tree_util.tree_flatten_with_path(mask)[0]:
+            if not isinstance(leaf, (bool, np.bool_)):
+                raise ValueError(
+                    f"masked: the mask holds {leaf!r} (a {type(leaf).__name__}) at "
+                    f"{jax.tree_util.keystr(path) or 'the root'}; a mask holds booleans (True: transformed). "
+                    "To give parameters labels, use `partition` (`multi_transform`)."
+                )
+        return mask
 
     def init(self, params):
         return MaskedState(inner_state=self.inner.init(self.inner_view(params, params)))
 
     def update(self, updates, state, params=None, **extra_args):
-        mask = resolve_tree(self.mask, updates)
+        mask = self._mask(updates)
         if self.mask_compatible_extra_args:
             structure = jax.tree_util.tree_structure(updates)
             extra_args = {

@@ -47,6 +47,10 @@ class Snapshot(AbstractTransform):
     Before the first update the state holds `measure(params)`, so the state keeps one
     structure throughout (as a jitted or scanned step needs).
 
+    Args:
+        measure_name: the key of the measurement in the state's `measurement` dict (static).
+        measure: a function of the updates returning the measurement (static: code).
+
     Example:
         >>> tx = modopt.chain(modopt.sgd(0.1, momentum=0.9),
         ...                   modopt.snapshot("norm_before_clip", modopt.global_norm),
@@ -100,6 +104,15 @@ class MeasureWithEma(AbstractComposite):
     state is `chain(measurement, ema)`'s, `(EmptyState(), EmaState(count, ema))`, with the
     average shaped like the measurement (`measure(params)` gives its shape). A measurement that
     is not floating (a bool) is averaged in the default float dtype, or `accumulator_dtype`.
+
+    Args:
+        measure: the measurement, a function of the updates returning an array (a scalar, a flag...)
+            (static: code).
+        decay: the decay rate of the average, in [0, 1].
+        debias: divide by `1 - decay^t`, so that early averages are not biased towards zero
+            (static).
+        accumulator_dtype: the dtype of the average; `None` for the measurement's floating dtype
+            (the default float dtype for a bool).
 
     Example:
         >>> clipped = modopt.measure_with_ema(lambda u: modopt.global_norm(u) > 1.0, decay=0.9)
@@ -155,6 +168,10 @@ class Monitor(AbstractTransform):
     Before the first update, each measurement holds zeros of the shape and dtype it will have,
     so the state keeps one structure throughout (optax starts from an empty dict, which a
     jitted or scanned step cannot carry).
+
+    Args:
+        measures: a mapping from names to functions of the updates (as for `snapshot`) or to
+            transforms whose output is the measurement (such as `measure_with_ema`).
 
     Example:
         >>> tx = modopt.chain(

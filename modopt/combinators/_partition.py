@@ -29,6 +29,13 @@ class Partition(AbstractTransform):
     `param_labels` is a pytree of labels with the params' structure (or a prefix of it), or
     a function of the params returning one. Every label must have a transform.
 
+    Args:
+        transforms: a mapping from each label to its transform (modopt or optax).
+        param_labels: a pytree of labels with the params' structure (or a prefix of it), or a
+            function of the params returning one (static).
+        mask_compatible_extra_args: give each transform the extra arguments of `update` that have
+            the params' structure restricted to its own parameters (static).
+
     Example:
         >>> tx = modopt.partition({"adam": modopt.adam(1e-3), "frozen": modopt.set_to_zero()},
         ...                       {"w": "adam", "embedding": "frozen"})
@@ -39,13 +46,20 @@ class Partition(AbstractTransform):
     mask_compatible_extra_args: bool = static(default=False, kw_only=True)
 
     def _groups(self, tree) -> dict[Hashable, Masked]:
-        labels = resolve_tree(self.param_labels, tree)
+        labels = resolve_tree(self.param_labels, tree, "partition: the labels")
         used = set(jax.tree_util.tree_leaves(labels))
         missing = used - set(self.transforms)
         if missing:
+            keys = {str(key): key for key in self.transforms}
+            alike = [(label, keys[str(label)]) for label in missing if str(label) in keys]
+            hint = "".join(
+                f" The label {label!r} ({type(label).__name__}) and the transform key {key!r} "
+                f"({type(key).__name__}) look alike but their types differ."
+                for label, key in alike
+            )
             raise ValueError(
-                f"partition: the labels {sorted(map(str, missing))} have no transform; "
-                f"transforms are given for {sorted(map(str, self.transforms))}."
+                f"partition: the labels {sorted(map(repr, missing))} have no transform; "
+                f"transforms are given for {sorted(map(repr, self.transforms))}.{hint}"
             )
         return {
             label: Masked(

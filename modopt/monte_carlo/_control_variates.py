@@ -296,9 +296,15 @@ def estimate_control_variate_coefficients(
     is not updated. Gradients do not flow through the coefficients.
 
     Args:
-        function, control_variate_from_function, grad_estimator, params, dist_builder, rng,
-            control_variate_state: as for `control_variates_jacobians`.
+        function: the function `f` whose expectation is differentiated, as for
+            `control_variates_jacobians`.
+        control_variate_from_function: builds the control variate from `function`.
+        grad_estimator: the jacobian estimator (`score_function_jacobians`, ...).
+        params: the distribution's parameters, a list of arrays.
+        dist_builder: builds the distribution from `params` (`multi_normal`).
+        rng: the PRNG key whose split draws the fresh samples.
         num_samples: the number of fresh samples, a Python int >= 1.
+        control_variate_state: the control variate's state, read but not updated.
         eps: added to the variance, >= 0, for a control variate of (near) zero variance.
 
     Returns:

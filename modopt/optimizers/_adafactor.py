@@ -10,6 +10,7 @@ from .. import fields
 from .._base import AbstractComposite
 from .._fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
 from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
 from ..transforms import (
     AddDecayedWeights,
     ClipByBlockRms,
@@ -30,10 +31,34 @@ class Adafactor(AbstractComposite):
     (weight_decay_rate, weight_decay_mask)`, and finally a sign flip for descent.
     Its natural learning rate differs from Adam's.
 
+    Args:
+        learning_rate: a number >= 0, a schedule, or `None` to leave the updates unscaled (for a
+            schedule applied elsewhere in a chain).
+        min_dim_size_to_factor: factor the second moment of a parameter only if its two largest
+            dimensions are at least this size; smaller parameters keep a full second moment
+            (static).
+        decay_rate: the exponent `c` of the second moment's decay rate `1 - (t - decay_offset +
+            1)^(-c)`, in [0, 1]; the rate grows towards 1 with the step `t`.
+        decay_offset: subtracted from the step count in that decay rate, >= 0 (for fine-tuning, the
+            number of steps the model was pre-trained for).
+        multiply_by_parameter_scale: scale each update by the root mean square of its parameter
+            block, so that steps are relative to the parameters' size (static).
+        clipping_threshold: clip each update block to this root mean square (`clip_by_block_rms`), >
+            0, or `None` for no clipping.
+        momentum: the decay of an EMA of the updates, in [0, 1], or `None` for none (Adafactor's
+            memory saving relies on having none).
+        dtype_momentum: the dtype of the momentum accumulator.
+        weight_decay_rate: the coefficient of decoupled weight decay, >= 0, or `None` for none.
+        eps: added to the squared gradients before they are averaged, >= 0 (the paper's `epsilon1`).
+        factored: factor the second moment of matrices into row and column statistics (static);
+            `False` keeps a full second moment, like Adam's.
+        weight_decay_mask: which parameters the weight decay applies to: `None` for all, a pytree of
+            bools or a function of the params returning one.
+
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
 
-    learning_rate: Any = fields.learning_rate(None)
+    learning_rate: ScalarOrSchedule = fields.learning_rate(None)
     min_dim_size_to_factor: int = static(default=128)
     decay_rate: Any = hyperparameter(default=0.8, check=UNIT)
     decay_offset: Any = hyperparameter(default=0, check=NONNEGATIVE)
@@ -41,7 +66,7 @@ class Adafactor(AbstractComposite):
     clipping_threshold: Any = hyperparameter(default=1.0, check=POSITIVE, optional=True)
     momentum: Any = fields.decay_rate(None, check=UNIT)
     dtype_momentum: Any = fields.dtype(jnp.float32)
-    weight_decay_rate: Any = fields.weight_decay(None)
+    weight_decay_rate: ScalarOrSchedule = fields.weight_decay(None)
     eps: Any = fields.eps(1e-30)
     factored: bool = static(default=True)
     weight_decay_mask: Any = fields.mask()

@@ -8,6 +8,7 @@ from .. import fields
 from .._base import AbstractComposite
 from .._fields import static
 from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 
 
@@ -17,13 +18,25 @@ class Adam(AbstractComposite):
     `m_hat`, `v_hat` are the bias-corrected moment estimates of `scale_by_adam`; with
     `nesterov=True` this is NAdam.
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
+            (static).
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.adam(1e-3), model)
 
     Reference: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
     eps: Any = fields.eps(1e-8)
@@ -44,16 +57,32 @@ class AdamW(AbstractComposite):
 
     `mask` restricts the decay to some parameters (see `add_decayed_weights`).
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        weight_decay: the coefficient of decoupled weight decay: `weight_decay * params` is added to
+            the update before the learning rate scales it, >= 0.
+        mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
+            the params' structure, a function of the params returning one (such as `modopt.weight_decay_mask`).
+        nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
+            (static).
+
     Reference: Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
     eps: Any = fields.eps(1e-8)
     eps_root: Any = fields.eps(0.0)
     mu_dtype: Any = fields.dtype()
-    weight_decay: Any = fields.weight_decay(1e-4)
+    weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
     mask: Any = fields.mask()
     nesterov: bool = static(default=False, kw_only=True)
 
@@ -84,6 +113,16 @@ def nadam(
     `v_hat = v / (1 - b2^t)`. It returns an `Adam`, so its hyperparameters are read and set
     like Adam's.
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.nadam(1e-3), model)
 
@@ -106,6 +145,20 @@ def nadamw(
 
     `params -= learning_rate * (m_hat / (sqrt(v_hat + eps_root) + eps) + weight_decay * params)`
     with NAdam's look-ahead `m_hat` (see `nadam`). It returns an `AdamW`.
+
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        weight_decay: the coefficient of decoupled weight decay: `weight_decay * params` is added to
+            the update before the learning rate scales it, >= 0.
+        mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
+            the params' structure, a function of the params returning one (such as `modopt.weight_decay_mask`).
 
     References: Dozat, 2016, https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ;
     Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101

@@ -10,6 +10,7 @@ from .. import fields
 from .._base import AbstractComposite
 from .._fields import prng_key, static
 from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, ScaleByLearningRate, Trace
 from ..transforms._privacy import (
     DifferentiallyPrivateAggregate,
@@ -41,6 +42,8 @@ class Dpsgd(AbstractComposite):
         seed: an integer seed, or a PRNG key, of the noise.
         momentum: the momentum in [0, 1], or `None` for none.
         nesterov: Nesterov's momentum.
+        key: the same as `seed`, under the name of `add_noise` and `noisy_sgd`; give one of
+            the two.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.dpsgd(0.25, l2_norm_clip=1.0, noise_multiplier=1.1, seed=0), model)
@@ -51,7 +54,7 @@ class Dpsgd(AbstractComposite):
     https://arxiv.org/abs/1607.00133
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     l2_norm_clip: Any = dp_l2_norm_clip()
     noise_multiplier: Any = dp_noise_multiplier()
     key: jax.Array = prng_key()

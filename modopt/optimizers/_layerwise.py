@@ -10,7 +10,7 @@ from .. import fields
 from .._base import AbstractComposite
 from .._fields import NONNEGATIVE, hyperparameter, static
 from ..combinators import Chain, Masked
-from ..schedules._base import MappedSchedule, is_schedule
+from ..schedules._base import MappedSchedule, ScalarOrSchedule, is_schedule
 from ..transforms import (
     AddDecayedWeights,
     ScaleByAdam,
@@ -34,14 +34,26 @@ class Lars(AbstractComposite):
     The masks (`True` for all layers, a pytree of bools, or a function of the params) usually
     exclude biases and normalization scales.
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        weight_decay: the coefficient of weight decay added to the gradient, >= 0.
+        weight_decay_mask: where the weight decay applies: `True` for all layers, a pytree of bools
+            or a function of the params returning one.
+        trust_coefficient: the factor `eta` of the trust ratio `eta * ||p|| / (||d|| + eps)`, >= 0.
+        eps: added to the update's norm in the trust ratio, >= 0.
+        trust_ratio_mask: where the trust ratio applies: `True` for all layers, a pytree of bools or
+            a function of the params returning one.
+        momentum: the decay of the momentum trace, in [0, 1].
+        nesterov: use Nesterov's momentum `g + momentum * t` in place of `t` (static).
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.lars(0.1, weight_decay=1e-4), model)
 
     Reference: You et al., 2017, https://arxiv.org/abs/1708.03888
     """
 
-    learning_rate: Any = fields.learning_rate()
-    weight_decay: Any = fields.weight_decay(0.0)
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
+    weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     weight_decay_mask: Any = fields.mask(True)
     trust_coefficient: Any = hyperparameter(default=0.001, check=NONNEGATIVE)
     eps: Any = fields.eps(0.0)
@@ -71,18 +83,30 @@ class Lamb(AbstractComposite):
 
     (the ratio is 1 where either norm is zero).
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        weight_decay: the coefficient of weight decay added to Adam's update before the trust ratio,
+            >= 0.
+        mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
+            the params' structure, a function of the params returning one (such as `modopt.weight_decay_mask`).
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.lamb(1e-3, weight_decay=1e-2), model)
 
     Reference: You et al., 2020, https://arxiv.org/abs/1904.00962
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
     eps: Any = fields.eps(1e-6)
     eps_root: Any = fields.eps(0.0)
-    weight_decay: Any = fields.weight_decay(0.0)
+    weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
     def build(self):
@@ -115,13 +139,19 @@ class Fromage(AbstractComposite):
     Both norms are floored at `min_norm`. The division keeps the parameters' norms from
     growing; it is applied as a negative weight decay `1 / sqrt(1 + lr^2) - 1`.
 
+    Args:
+        learning_rate: the relative step size: each layer moves by about `learning_rate` times its
+            norm; a number >= 0 or a schedule.
+        min_norm: the floor of both norms `||p||` and `||g||`, > 0, so that zero layers and zero
+            gradients are safe.
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.fromage(1e-2), model)
 
     Reference: Bernstein et al., 2020, https://arxiv.org/abs/2002.03432
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     min_norm: Any = hyperparameter(default=1e-6, check=NONNEGATIVE)
 
     def build(self):
@@ -138,6 +168,9 @@ class SignSgd(AbstractComposite):
 
         params -= learning_rate * sign(g)
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.sign_sgd(1e-3), model)
 
@@ -145,7 +178,7 @@ class SignSgd(AbstractComposite):
     Balles et al., 2020, https://arxiv.org/abs/2002.08056
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
 
     def build(self):
         return Chain(ScaleBySign(), ScaleByLearningRate(self.learning_rate))

@@ -10,6 +10,7 @@ from .. import fields
 from .._base import AbstractComposite, AbstractTransform, as_transform
 from .._fields import static
 from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, Scale, ScaleByLBFGS, ScaleByLearningRate, ScaleByZoomLinesearch
 
 
@@ -56,7 +57,7 @@ class Lbfgs(AbstractComposite):
     https://doi.org/10.1007/BF01589116
     """
 
-    learning_rate: Any = fields.learning_rate(None)
+    learning_rate: ScalarOrSchedule = fields.learning_rate(None)
     memory_size: int = static(default=10)
     scale_init_precond: bool = static(default=True)
     linesearch: AbstractTransform = eqx.field(default_factory=_default_linesearch, converter=_as_linesearch)

@@ -8,6 +8,7 @@ from .. import fields
 from .._base import AbstractComposite
 from .._fields import static
 from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, ScaleByLearningRate, Trace
 
 
@@ -15,10 +16,17 @@ class Sgd(AbstractComposite):
     r"""Stochastic gradient descent: `params -= learning_rate * t`, with `t` the gradient or,
     given `momentum`, its trace `t = g + momentum * t` (Nesterov's variant with `nesterov`).
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        momentum: the decay of the momentum trace `t = g + momentum * t`, in [0, 1], or `None` for
+            no momentum.
+        nesterov: use Nesterov's momentum `g + momentum * t` in place of `t` (static).
+        accumulator_dtype: the dtype of the momentum trace; `None` keeps the parameters' dtype.
+
     Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     momentum: Any = fields.momentum(None)
     nesterov: bool = static(default=False)
     accumulator_dtype: Any = fields.dtype()

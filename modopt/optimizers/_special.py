@@ -11,6 +11,7 @@ from .._base import AbstractComposite
 from .._extra_args import ExtraArg
 from .._fields import FINITE, NONNEGATIVE, choice, hyperparameter, prng_key, static
 from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
 from ..transforms import Scale, ScaleByAdam, ScaleByLearningRate
 from ..transforms._noise import AddNoise, key_or_seed, noise_decay, noise_variance
 from ..transforms._optimistic import ScaleByOptimisticGradient, optimism_coefficient
@@ -35,6 +36,10 @@ class Sm3(AbstractComposite):
 
     `momentum=None` means no momentum (the same as 0).
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        momentum: the decay of the momentum, in [0, 1], or `None` for no momentum.
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.sm3(0.1), model)
 
@@ -42,7 +47,7 @@ class Sm3(AbstractComposite):
     https://arxiv.org/abs/1901.11150
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     momentum: Any = fields.decay_rate()
 
     def __init__(self, learning_rate: Any, momentum: Any = 0.9):
@@ -60,6 +65,13 @@ class Rprop(AbstractComposite):
     `learning_rate`, is multiplied by `eta_plus` while its gradient keeps its sign and by
     `eta_minus` when the sign changes (that step is skipped), within
     `[min_step_size, max_step_size]` (see `scale_by_rprop`).
+
+    Args:
+        learning_rate: the initial step size of every element, > 0.
+        eta_minus: the factor applied to a step size when its gradient changes sign, in (0, 1).
+        eta_plus: the factor applied to a step size while its gradient keeps its sign, >= 1.
+        min_step_size: the smallest step size, >= 0.
+        max_step_size: the largest step size, >= `min_step_size`.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.rprop(1e-3), model)
@@ -111,7 +123,7 @@ class PolyakSgd(AbstractComposite):
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_VALUE
 
     max_learning_rate: Any = hyperparameter(1.0, check=NONNEGATIVE)
-    scaling: Any = fields.learning_rate(1.0)
+    scaling: ScalarOrSchedule = fields.learning_rate(1.0)
     f_min: Any = hyperparameter(0.0, check=FINITE)
     eps: Any = hyperparameter(0.0, check=NONNEGATIVE)
     variant: str = choice("sps", VARIANTS)
@@ -129,13 +141,18 @@ class OptimisticGradientDescent(AbstractComposite):
     methods with one gradient per step, it converges in the last iterate on min-max games
     where gradient descent cycles.
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        alpha: the weight of the current gradient `g_t`, >= 0.
+        beta: the weight of the extrapolation `g_t - g_{t-1}`, >= 0.
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.optimistic_gradient_descent(1e-2), model)
 
     Reference: Mokhtari et al., 2019, https://arxiv.org/abs/1901.08511
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     alpha: Any = optimism_coefficient()
     beta: Any = optimism_coefficient()
 
@@ -151,6 +168,21 @@ class OptimisticAdam(AbstractComposite):
     default): `params -= learning_rate * r_t + optimism * (r_t - r_{t-1})` (`r_0 = r_1`).
     `optimism=None` uses `learning_rate`, as in the paper. The learning rate is a number
     here; `optimistic_adam_v2` takes schedules.
+
+    Args:
+        learning_rate: the step size of Adam's direction, a number >= 0 (not a schedule: use
+            `optimistic_adam_v2` for one).
+        optimism: the weight of the extrapolation `r_t - r_{t-1}`, >= 0; `None` uses
+            `learning_rate`.
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        nesterov: use Nesterov's look-ahead first moment in the Adam direction (static; the default,
+            as in optax).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.optimistic_adam(1e-3), generator)
@@ -191,6 +223,20 @@ class OptimisticAdamV2(AbstractComposite):
     default): `params -= learning_rate * ((alpha + beta) r_t - beta r_{t-1})` (`r_0 = r_1`).
     `optimistic_adam(lr, optimism)` is `optimistic_adam_v2(1.0, alpha=lr, beta=optimism)`.
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        alpha: the weight of the current Adam direction `r_t`, >= 0.
+        beta: the weight of the extrapolation `r_t - r_{t-1}`, >= 0.
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        nesterov: use Nesterov's look-ahead first moment in the Adam direction (static; the
+            default).
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.optimistic_adam_v2(1.0, alpha=1e-2), generator)
 
@@ -198,7 +244,7 @@ class OptimisticAdamV2(AbstractComposite):
     https://arxiv.org/abs/1711.00141
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     alpha: Any = optimism_coefficient(kw_only=True)
     beta: Any = optimism_coefficient(kw_only=True)
     b1: Any = fields.decay_rate(0.9, kw_only=True)
@@ -223,6 +269,13 @@ class NoisySgd(AbstractComposite):
     `t` the step from 1 (see `add_noise`). `key` is a PRNG key or an integer seed; `seed`
     is the same under the seeds' name (give one; neither means seed 0).
 
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        eta: the variance of the noise at the first step, >= 0.
+        gamma: the decay exponent of the noise's variance `eta / t^gamma`, >= 0.
+        key: a PRNG key (`jax.random.key(0)`), its raw data, or an integer seed.
+        seed: the same as `key`, under the seeds' name; give one of the two (neither: seed 0).
+
     Example:
         >>> optimizer = modopt.Optimizer(modopt.noisy_sgd(1e-2, key=jax.random.key(0)), model)
 
@@ -230,7 +283,7 @@ class NoisySgd(AbstractComposite):
     Deep Networks", https://arxiv.org/abs/1511.06807
     """
 
-    learning_rate: Any = fields.learning_rate()
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
     eta: Any = noise_variance()
     gamma: Any = noise_decay()
     key: jax.Array = prng_key()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union
 
 import equinox as eqx
 import jax
@@ -23,8 +23,10 @@ from .._fields import (
     validate_hyperparameters,
 )
 
-Schedule = Callable[[Any], Any]  # a function of the step count, e.g. an `AbstractSchedule`
-ScalarOrSchedule = Any  # a number or a `Schedule`
+Schedule = Callable[[Any], Any]
+"""A function of the step count, `schedule(count) -> value`: an `AbstractSchedule` or any callable."""
+ScalarOrSchedule = Union[jax.typing.ArrayLike, Schedule]
+"""A hyperparameter given as a number (a Python or NumPy scalar, a 0-d array) or a `Schedule`."""
 
 
 class AbstractSchedule(eqx.Module):
@@ -53,6 +55,9 @@ class FunctionSchedule(AbstractSchedule):
 
     The function is code, so it is static: a different function (even an equal lambda)
     retraces. Use modopt's schedules to change values without retracing.
+
+    Args:
+        fn: a function of the step count returning the value (static: code).
     """
 
     fn: Callable[[jax.Array], Any] = static()
@@ -66,6 +71,10 @@ class MappedSchedule(AbstractSchedule):
 
     `fn` is code, so it is static: use a module-level function (or `operator.neg`), not a
     new lambda per call, or every rebuilt transform retraces.
+
+    Args:
+        schedule: the schedule whose value is mapped.
+        fn: the function applied to the value (static: code).
     """
 
     schedule: AbstractSchedule
@@ -76,7 +85,12 @@ class MappedSchedule(AbstractSchedule):
 
 
 def as_schedule(value: Any) -> Any:
-    """Converter for `learning_rate`-like fields: callables become schedules, numbers stay."""
+    """Converter for `learning_rate`-like fields: callables become schedules, numbers stay.
+
+    Args:
+        value: a number, a modopt schedule, or any callable of the step count (which becomes a
+            `FunctionSchedule`).
+    """
     if isinstance(value, AbstractSchedule) or not callable(value):
         return value
     return FunctionSchedule(value)
@@ -112,16 +126,23 @@ def is_schedule(value: Any) -> bool:
 
 
 def scalar_or_schedule(
-    default: Any = dataclasses.MISSING, *, check: Check | None = None, kind: str = "number_or_schedule", **kwargs
+    default: Any = dataclasses.MISSING, *, check: Check | None = None, kind: str = "number_or_schedule", **kwargs: Any
 ):
     """A hyperparameter field that also accepts a schedule (or any callable of the count).
 
     With `kind="schedule"` it accepts only a schedule. A callable becomes a `FunctionSchedule`.
+
+    Args:
+        default: the field's default value; leave it out for a required field.
+        check: a `Check` a number must pass at construction, or `None` for none.
+        kind: `"number_or_schedule"` (the default) or `"schedule"` to accept only schedules and
+            callables.
+        **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
     return hyperparameter(default, check=check, kind=kind, converter=_scalar_or_schedule, **kwargs)
 
 
-def _scalar_or_schedule(value: Any) -> Any:
+def _scalar_or_schedule(value: ScalarOrSchedule) -> Any:  # its annotation is the __init__ parameter's
     return as_schedule(as_hyperparameter(value))
 
 

@@ -78,8 +78,13 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
         init_value: the value at step 0.
         peak_value: the value at the end of the warmup, where the decay starts.
         warmup_steps: the length of the warmup, >= 0 (0: no warmup).
-        transition_steps, decay_rate, transition_begin, staircase, end_value: the decay
-            phase, as in `exponential_decay`.
+        transition_steps: the number of steps per factor of `decay_rate` in the decay phase,
+            > 0, as in `exponential_decay`.
+        decay_rate: the factor per `transition_steps` steps, > 0.
+        transition_begin: the step after the warmup at which the decay starts.
+        staircase: decay in discrete jumps rather than continuously (static).
+        end_value: optional bound where the decay stops: a floor when `decay_rate < 1`, a
+            ceiling when above.
     """
 
     init_value: Any = hyperparameter()

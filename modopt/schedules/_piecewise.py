@@ -87,6 +87,11 @@ def piecewise_constant_schedule(
     so at step `count` it is `init_value` times the product of the scales of every boundary
     `b <= count`.
 
+    Args:
+        init_value: the value before the first boundary.
+        boundaries_and_scales: a mapping from boundary steps (ints >= 0) to scale factors >= 0;
+            `None` or empty for a constant schedule.
+
     Example:
         >>> schedule = modopt.piecewise_constant_schedule(1.0, {100: 0.1, 200: 0.5})
         >>> [float(schedule(c)) for c in (99, 100, 250)]
@@ -165,6 +170,12 @@ def piecewise_interpolate_schedule(
     such value to the next, and after the last boundary it stays at the last value. See
     `PiecewiseInterpolateSchedule` for the formulas.
 
+    Args:
+        interpolate_type: `"linear"` or `"cosine"`: how values are interpolated between boundaries.
+        init_value: the value at step 0.
+        boundaries_and_scales: a mapping from boundary steps (ints >= 0) to scale factors >= 0;
+            `None` or empty for a constant schedule.
+
     Example:
         >>> schedule = modopt.piecewise_interpolate_schedule("linear", 1.0, {4: 0.5, 8: 0.5})
         >>> [float(schedule(c)) for c in (0, 2, 4, 6, 8, 20)]
@@ -189,6 +200,11 @@ def piecewise_linear_schedule(
     This is `piecewise_interpolate_schedule("linear", init_value, boundaries_and_scales)`
     with non-negative boundaries (optax 0.2 names it in `inject_hyperparams`' example
     without providing it).
+
+    Args:
+        init_value: `v_0`, the value at step 0.
+        boundaries_and_scales: a mapping from boundary steps (ints >= 0) to scale factors >= 0;
+            `None` or empty for a constant schedule.
 
     Example:
         >>> schedule = modopt.piecewise_linear_schedule(0.9, {100: 0.999 / 0.9})

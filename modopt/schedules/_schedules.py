@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, is_concrete
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
@@ -32,7 +33,11 @@ def as_count(count: Any) -> Any:
 
 
 class ConstantSchedule(AbstractSchedule):
-    """The same `value` at every step."""
+    """The same `value` at every step.
+
+    Args:
+        value: the value, a number.
+    """
 
     value: Any = hyperparameter()
 
@@ -47,6 +52,14 @@ class PolynomialSchedule(AbstractSchedule):
     `(init_value - end_value) * (1 - t / transition_steps) ** power + end_value`.
     A non-positive `transition_steps` gives the constant `init_value`; a negative
     `transition_begin` counts as 0.
+
+    Args:
+        init_value: the value up to `transition_begin`.
+        end_value: the value from `transition_begin + transition_steps` on.
+        power: the exponent of the interpolation (1 is linear).
+        transition_steps: the number of steps of the transition; a non-positive one gives the
+            constant `init_value`.
+        transition_begin: the step at which the transition starts; a negative one counts as 0.
     """
 
     init_value: Any = hyperparameter()
@@ -65,8 +78,18 @@ class PolynomialSchedule(AbstractSchedule):
         return jnp.where(self.transition_steps <= 0, self.init_value, decayed)
 
 
-def linear_schedule(init_value, end_value, transition_steps, transition_begin=0) -> PolynomialSchedule:
-    """Linear interpolation from `init_value` to `end_value` (a polynomial of power 1)."""
+def linear_schedule(
+    init_value: ArrayLike, end_value: ArrayLike, transition_steps: ArrayLike, transition_begin: ArrayLike = 0
+) -> PolynomialSchedule:
+    """Linear interpolation from `init_value` to `end_value` (a polynomial of power 1).
+
+    Args:
+        init_value: the value up to `transition_begin`.
+        end_value: the value from `transition_begin + transition_steps` on.
+        transition_steps: the number of steps of the transition; a non-positive one gives the
+            constant `init_value`.
+        transition_begin: the step at which the transition starts; a negative one counts as 0.
+    """
     return PolynomialSchedule(init_value, end_value, 1, transition_steps, transition_begin)
 
 
@@ -75,6 +98,13 @@ class CosineDecaySchedule(AbstractSchedule):
 
     `init_value * ((1 - alpha) * (0.5 * (1 + cos(pi * t / decay_steps))) ** exponent + alpha)`
     with `t = min(count, decay_steps)`.
+
+    Args:
+        init_value: the value at step 0.
+        decay_steps: the number of steps of the decay, > 0; the value stays at `alpha * init_value`
+            after them.
+        alpha: the final value as a fraction of `init_value`.
+        exponent: the power applied to the cosine factor, > 0 (1 for the plain cosine).
 
     Reference: Loshchilov & Hutter, 2016, https://arxiv.org/abs/1608.03983
     """
@@ -97,6 +127,11 @@ class JoinSchedules(AbstractSchedule):
     Step `count` uses the last schedule whose boundary is <= count, called with
     `count - boundary`. The boundaries are a 1-D array hyperparameter (`set(boundaries=...)`
     moves them without a retrace); their number is structure.
+
+    Args:
+        schedules: the schedules, in order (modopt schedules or functions of the count).
+        boundaries: the steps at which each schedule after the first starts, increasing, one fewer
+            than `schedules`.
     """
 
     schedules: tuple[AbstractSchedule, ...]
@@ -127,6 +162,14 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
     """Linear warmup from `init_value` to `peak_value`, then cosine decay to `end_value`.
 
     The cosine part lasts `decay_steps - warmup_steps` steps (`decay_steps` counts the warmup).
+
+    Args:
+        init_value: the value at step 0.
+        peak_value: the value at the end of the warmup, where the decay starts.
+        warmup_steps: the length of the linear warmup, >= 0 (0: no warmup).
+        decay_steps: the total length of warmup and decay; the value stays at `end_value` after it.
+        end_value: the value at the end of the decay.
+        exponent: the power applied to the cosine factor, > 0 (1 for the plain cosine).
     """
 
     init_value: Any = hyperparameter()
@@ -163,5 +206,11 @@ warmup_cosine_decay_schedule = WarmupCosineDecaySchedule
 
 
 def join_schedules(schedules: Sequence[Any], boundaries: Sequence[Any]) -> JoinSchedules:
-    """Sequences `schedules`, switching at each of `boundaries` (see `JoinSchedules`)."""
+    """Sequences `schedules`, switching at each of `boundaries` (see `JoinSchedules`).
+
+    Args:
+        schedules: the schedules, in order (modopt schedules or functions of the count).
+        boundaries: the steps at which each schedule after the first starts, increasing, one fewer
+            than `schedules`.
+    """
     return JoinSchedules(schedules, boundaries)

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from .._base import Params
+
 LossFn = Callable[[Any, Any, Any], jax.Array]
 
 
@@ -72,7 +74,7 @@ def _tangent(v: Any, params: Any, flat_params: jax.Array, unravel: Callable[[jax
     )
 
 
-def hvp(loss: LossFn, v: Any, params: Any, inputs: Any, targets: Any) -> Any:
+def hvp(loss: LossFn, v: Any, params: Params, inputs: Any, targets: Any) -> Any:
     r"""The Hessian-vector product `H v` of `loss` at `params`, without forming the Hessian.
 
     With `f(w) = loss(w, inputs, targets)`, the product is the directional derivative of the
@@ -108,7 +110,7 @@ def hvp(loss: LossFn, v: Any, params: Any, inputs: Any, targets: Any) -> Any:
     return jax.jvp(gradient, (params,), (tangent,))[1]
 
 
-def hessian_diag(loss: LossFn, params: Any, inputs: Any, targets: Any) -> jax.Array:
+def hessian_diag(loss: LossFn, params: Params, inputs: Any, targets: Any) -> jax.Array:
     r"""The exact diagonal of the Hessian of `loss` at `params`, as a flat vector.
 
     With `n` the number of parameters, `H_ii = e_i^T H e_i` for the unit vectors `e_i`: the
@@ -147,7 +149,7 @@ def hessian_diag(loss: LossFn, params: Any, inputs: Any, targets: Any) -> jax.Ar
     return jnp.diagonal(columns)
 
 
-def fisher_diag(negative_log_likelihood: LossFn, params: Any, inputs: Any, targets: Any) -> jax.Array:
+def fisher_diag(negative_log_likelihood: LossFn, params: Params, inputs: Any, targets: Any) -> jax.Array:
     r"""The diagonal of the observed Fisher information at `(inputs, targets)`, as a flat vector.
 
     With `g = grad_w nll(w, inputs, targets)`, the observed Fisher information is the outer

@@ -20,6 +20,12 @@ class Layout:
 
     Static and hashable (hashed once), so an `Optimizer` can keep it and re-impose it on
     each step's results.
+
+    Args:
+        mesh: the mesh.
+        params: the `NamedSharding` of each trained parameter, with the params' structure (`None`
+            where frozen).
+        state: the `NamedSharding` of each state leaf, with the state's structure.
     """
 
     __slots__ = ("_hash", "_key", "mesh", "params", "state")
@@ -77,6 +83,15 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
     - A layout that cannot work is a `ValueError` naming the path.
 
     The result can be given as `out_shardings` of a jitted init or step.
+
+    Args:
+        optimizer: a `modopt.Optimizer`, concrete or abstract.
+        model_shardings: a `NamedSharding` or `PartitionSpec` per trained leaf, with the model's
+            structure, or one for all.
+        mesh: the mesh that `PartitionSpec`s are put on; `None` for the mesh set with
+            `jax.set_mesh`.
+        zero_axis: the name of a data-parallel mesh axis to split the state over (ZeRO-1), or
+            `None`.
 
     Example:
         >>> opt_shardings = modopt.sharding.shardings(optimizer, model_shardings, zero_axis="data")
@@ -254,6 +269,11 @@ def bytes_per_device(tree: Any, shardings: Any = None) -> int:
     `tree` may be abstract (from `jax.eval_shape`). `shardings` has its structure (for
     instance from `shardings(...)`); without it, each leaf's own `.sharding` is used, and a
     leaf without one counts whole.
+
+    Args:
+        tree: a pytree of arrays or `jax.ShapeDtypeStruct`s.
+        shardings: a sharding per leaf, with the structure of `tree`, or `None` to read each leaf's
+            own.
     """
     leaves = jax.tree_util.tree_leaves(tree)
     if shardings is None:

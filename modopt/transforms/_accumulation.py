@@ -24,6 +24,11 @@ class TraceState(NamedTuple):
 class Trace(AbstractTransform):
     """Momentum: `t = g + decay * t`; the update is `t` (or `g + decay * t` with Nesterov).
 
+    Args:
+        decay: the momentum coefficient, in [0, 1].
+        nesterov: return `g + decay * t` (Nesterov's momentum) instead of `t` (static).
+        accumulator_dtype: the dtype of the trace; `None` keeps the updates' dtype.
+
     Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
     """
 
@@ -52,6 +57,11 @@ class Ema(AbstractTransform):
     """Exponential moving average of updates, `e = decay * e + (1 - decay) * g`.
 
     With `debias=True` the output is divided by `1 - decay**t`.
+
+    Args:
+        decay: the decay rate of the average, in [0, 1].
+        debias: divide by `1 - decay^t` so that early averages are not biased towards zero (static).
+        accumulator_dtype: the dtype of the average; `None` keeps the updates' dtype.
     """
 
     decay: Any = fields.decay_rate(check=UNIT)

@@ -54,6 +54,17 @@ class ScaleByAdam(AbstractTransform):
     `v_hat = v / (1 - b2^t)`. With `nesterov=True`, `m_hat` is replaced by Nesterov's
     look-ahead `b1 m / (1 - b1^(t+1)) + (1 - b1) g / (1 - b1^t)` (Dozat, 2016).
 
+    Args:
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
+            (static).
+
     Reference: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980
     """
 
@@ -87,6 +98,11 @@ class ScaleByAdamax(AbstractTransform):
     With `t` the step (from 1): `m = b1 m + (1 - b1) g`, `u = max(|g| + eps, b2 u)` and
     `update = m / ((1 - b1^t) u)`. The running maximum `u` needs no bias correction. The
     state is Adam's, with `nu` holding `u`.
+
+    Args:
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the infinity norm `u = max(|g| + eps, b2 u)`, in [0, 1).
+        eps: added to `|g|` in the running maximum, >= 0, so that `u` is never zero.
 
     Reference: Kingma & Ba, 2014 (Section 7.1), https://arxiv.org/abs/1412.6980
     """
@@ -122,6 +138,19 @@ class ScaleByAmsgrad(AbstractTransform):
     `update = m_hat / (sqrt(v_max + eps_root) + eps)`. The step size per coordinate never
     grows, which repairs Adam's convergence. `bias_correction_mu=False` and
     `bias_correction_nu=False` use `m` and `v` uncorrected, as in the paper.
+
+    Args:
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        bias_correction_mu: bias-correct the first moment as Adam does (static); `False` uses `m` as
+            in the paper.
+        bias_correction_nu: bias-correct the second moment before its running maximum (static);
+            `False` uses `v` as in the paper.
 
     Reference: Reddi et al., 2018, https://openreview.net/forum?id=ryQu7f-RZ
     """

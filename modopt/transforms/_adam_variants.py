@@ -41,6 +41,14 @@ class ScaleByBelief(AbstractTransform):
     `s_hat = s / (1 - b2^t)`. With `nesterov=True`, `m_hat` is Nesterov's look-ahead as in
     `scale_by_adam`.
 
+    Args:
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of `s`, the EMA of the squared deviation `|g - m|^2`, in [0, 1).
+        eps: added to `sqrt(s_hat)` in the denominator, >= 0.
+        eps_root: added to `s` at every step, >= 0.
+        nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
+            (static).
+
     Reference: Zhuang et al., 2020, https://arxiv.org/abs/2010.07468
     """
 
@@ -71,6 +79,13 @@ class ScaleByYogi(AbstractTransform):
     |g|^2`, `update = m_hat / (sqrt(v_hat + eps_root) + eps)` with Adam's bias corrections.
     `v` changes by at most `(1 - b2) |g|^2` per step, so the effective learning rate cannot
     grow abruptly as Adam's can. Both moments start at `initial_accumulator_value`.
+
+    Args:
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the rate of the additive second-moment update, in [0, 1).
+        eps: added to `sqrt(v_hat)` in the denominator, >= 0.
+        eps_root: added to `v_hat` inside the square root, >= 0.
+        initial_accumulator_value: the starting value of both moments, >= 0.
 
     Reference: Zaheer et al., 2018,
     https://papers.nips.cc/paper/2018/hash/90365351ccc7437a1309dc64e4db32a3-Abstract.html
@@ -104,6 +119,16 @@ class ScaleByRadam(AbstractTransform):
     it is `r_t m_hat / (sqrt(v_hat + eps_root) + eps)` with
     `r_t = sqrt((rho_t - 4)(rho_t - 2) rho_inf / ((rho_inf - 4)(rho_inf - 2) rho_t))`.
     With `nesterov=True`, `m_hat` is Nesterov's look-ahead as in `scale_by_adam`.
+
+    Args:
+        b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
+            gradients through the square root finite when differentiating through the optimizer).
+        threshold: the value of `rho_t` from which the adaptive, rectified update is used, >= 0.
+        nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
+            (static).
 
     Reference: Liu et al., 2020, https://arxiv.org/abs/1908.03265
     """
@@ -157,6 +182,13 @@ class ScaleByAdan(AbstractTransform):
     (1 - b1) g`, `v = b2 v + (1 - b2) d`, `n = b3 n + (1 - b3) |g + (1 - b2) d|^2` and
     `update = (m_hat + (1 - b2) v_hat) / (sqrt(n_hat + eps_root) + eps)`, each moment
     bias-corrected by `1 - b^t` of its own rate (Algorithm 1 of the paper).
+
+    Args:
+        b1: the decay rate of `m`, the EMA of gradients, in [0, 1).
+        b2: the decay rate of `v`, the EMA of gradient differences, in [0, 1).
+        b3: the decay rate of `n`, the EMA of `|g + (1 - b2) d|^2`, in [0, 1).
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        eps_root: added to `n_hat` inside the square root, >= 0.
 
     Reference: Xie et al., 2022, https://arxiv.org/abs/2208.06677
     """

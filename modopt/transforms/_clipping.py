@@ -10,14 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
+from .._base import AbstractTransform, EmptyState, Updates, init_empty_state, require_params
 from .._fields import NONNEGATIVE, POSITIVE, Check, hyperparameter, is_concrete, static
 from .._numerics import abs_sq, global_norm
 from .._trees import map_updates
 
 
 class Clip(AbstractTransform):
-    """Clips each update element to `[-max_delta, max_delta]`."""
+    """Clips each update element to `[-max_delta, max_delta]`.
+
+    Args:
+        max_delta: the largest magnitude an element keeps, >= 0.
+    """
 
     max_delta: Any = hyperparameter(check=NONNEGATIVE)
 
@@ -31,6 +35,9 @@ class Clip(AbstractTransform):
 
 class ClipByGlobalNorm(AbstractTransform):
     """Rescales all updates together so that their global L2 norm is at most `max_norm`.
+
+    Args:
+        max_norm: the largest global L2 norm, over all leaves together, that the updates keep, > 0.
 
     Reference: Pascanu et al., 2012, https://arxiv.org/abs/1211.5063
     """
@@ -49,6 +56,9 @@ class ClipByGlobalNorm(AbstractTransform):
 
 class ClipByBlockRms(AbstractTransform):
     """Divides each update leaf by `max(1, rms(leaf) / threshold)`.
+
+    Args:
+        threshold: the largest root mean square an update leaf keeps, > 0.
 
     Reference: Shazeer & Stern, 2018 (Adafactor), https://arxiv.org/abs/1804.04235
     """
@@ -81,6 +91,13 @@ class AdaptiveGradClip(AbstractTransform):
     the whole leaf for scalars and vectors (any leaf with at most one axis longer than 1),
     axis 0 for rank 2 and 3 (dense and multi-head kernels, inputs first), axes (0, 1, 2) for
     rank 4 (HWIO convolutions) and (0, 1, 2, 3) for rank 5; other ranks need `axis`.
+
+    Args:
+        clipping: the largest ratio of a unit's update norm to its parameter norm, >= 0.
+        eps: the floor of the parameter norm `W`, >= 0, so that zero-initialized units can still
+            move.
+        axis: the axes a unit's norm is taken over: an int, a tuple of ints, or `None` for the
+            defaults by rank described above (static).
 
     Reference: Brock et al., 2021 (NFNets), https://arxiv.org/abs/2102.06171
     """
@@ -134,13 +151,17 @@ def _unit_norm(x: jax.Array, axis: Any) -> jax.Array:
     return jnp.broadcast_to(jnp.sqrt(squares), jnp.shape(x))
 
 
-def per_example_global_norm_clip(grads: Any, l2_norm_clip: Any) -> tuple[Any, jax.Array]:
+def per_example_global_norm_clip(grads: Updates, l2_norm_clip: Any) -> tuple[Any, jax.Array]:
     """Clips each example's gradient to global L2 norm `l2_norm_clip`, then sums over examples.
 
     Every leaf of `grads` has the batch on axis 0 (per-example gradients, e.g. from
     `jax.vmap(jax.grad(loss))`). Example `i`'s gradient is multiplied by
     `min(1, l2_norm_clip / ||g_i||)`, its norm taken over all leaves together (a zero
     gradient is left as it is). This is a function, not a transform: it reduces the batch.
+
+    Args:
+        grads: per-example gradients: a pytree whose every leaf has the batch on axis 0.
+        l2_norm_clip: the largest global L2 norm an example's gradient keeps, >= 0.
 
     Returns:
         `(sum of the clipped gradients, number of examples that were clipped)`; the sum has
@@ -162,7 +183,7 @@ def per_example_global_norm_clip(grads: Any, l2_norm_clip: Any) -> tuple[Any, ja
 
 
 def per_example_layer_norm_clip(
-    grads: Any, global_l2_norm_clip: Any, uniform: bool = True
+    grads: Updates, global_l2_norm_clip: Any, uniform: bool = True
 ) -> tuple[Any, Any]:
     """Clips each example's gradient layer by layer, then sums over examples.
 
@@ -170,6 +191,12 @@ def per_example_layer_norm_clip(
     with a budget per layer: with `C = global_l2_norm_clip` and `K` leaves, `C / sqrt(K)`
     each when `uniform`, else `C * sqrt(D_k / D)` for a layer of `D_k` of the model's `D`
     parameters. Either way the clipped example's global norm is at most `C`.
+
+    Args:
+        grads: per-example gradients: a pytree whose every leaf has the batch on axis 0.
+        global_l2_norm_clip: `C`, the bound of a clipped example's global L2 norm, >= 0.
+        uniform: give every layer the same budget `C / sqrt(K)`; `False` gives each a budget
+            proportional to the root of its size.
 
     Returns:
         `(sum of the clipped gradients, number of examples clipped)`, each a tree with the

@@ -57,6 +57,18 @@ class ScaleByFactoredRms(AbstractTransform):
     decay_rate)`, the update is `g * (R / mean(R))^{-1/2} * C^{-1/2}`. Other leaves use the
     unfactored `g * v^{-1/2}`.
 
+    Args:
+        factored: factor the statistics of matrices into row and column statistics (static); `False`
+            keeps a full second moment for every leaf.
+        decay_rate: the parameter of `decay_rate_fn`: with the default, the exponent `c` of the
+            decay rate `1 - (t - step_offset + 1)^(-c)`, in [0, 1].
+        step_offset: subtracted from the step count before `decay_rate_fn`, >= 0.
+        min_dim_size_to_factor: factor a leaf only if its second largest dimension has at least this
+            many elements (static).
+        epsilon: added to the squared gradients before they are averaged, >= 0.
+        decay_rate_fn: the function `(step, decay_rate) -> rate` giving each step's decay rate of
+            the statistics (static: code).
+
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
 

@@ -26,6 +26,11 @@ class ScaleByTrustRatio(AbstractTransform):
     Where either norm is zero (a zero-initialized layer, a zero update) the ratio is 1, so
     the update passes unchanged. Used by `lars`, `lamb` and `fromage`.
 
+    Args:
+        min_norm: the floor of both norms, >= 0.
+        trust_coefficient: a factor applied to the ratio, >= 0.
+        eps: added to the update's norm in the ratio, >= 0.
+
     Reference: You et al., 2020 (LAMB), https://arxiv.org/abs/1904.00962
     """
 
@@ -74,6 +79,10 @@ class NormalizeByUpdateNorm(AbstractTransform):
     """Divides all updates by their global L2 norm: `u <- scale_factor * u / (||u|| + eps)`.
 
     `scale_factor` may have any sign (`-1.0` makes it a normalized descent step).
+
+    Args:
+        scale_factor: the norm of the result, any sign (`-1.0` for a normalized descent step).
+        eps: added to the global norm, >= 0, so that a zero update stays finite.
     """
 
     scale_factor: Any = hyperparameter(default=1.0, check=FINITE)

@@ -32,6 +32,16 @@ class ScaleByLion(AbstractTransform):
     "refined" is `c` where `|c| < 1` and `sign(c)` elsewhere. The update has unit size per
     coordinate, so Lion's learning rate is typically 3-10x smaller than AdamW's.
 
+    Args:
+        b1: the interpolation between momentum and gradient inside the sign, `(1 - b1) g + b1 m`, in
+            [0, 1].
+        b2: the decay rate of the momentum `m`, in [0, 1).
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+        mode: the sign function (static): `"hard"`, `"smooth"` or `"refined"`, as above.
+        smooth_beta: the sharpness of the smooth sign function `tanh(smooth_beta c)`, > 0 (used only
+            with `mode="smooth"`).
+
     Reference: Chen et al., 2023, https://arxiv.org/abs/2302.06675
     """
 

@@ -13,7 +13,7 @@ from .._moments import update_moment
 from .._numerics import safe_increment
 from .._specs import REPLICATED
 from .._trees import abs_sq, cast, map_updates, zeros_like
-from ..schedules._base import value_at
+from ..schedules._base import ScalarOrSchedule, value_at
 
 
 class ScaleByNovogradState(NamedTuple):
@@ -32,6 +32,15 @@ class ScaleByNovograd(AbstractTransform):
     weight_decay * params` (`m` starts at 0), and the update is `m`. The second moment is one
     scalar per leaf, so its state costs almost no memory. `update` needs `params`.
 
+    Args:
+        b1: the decay rate of the momentum `m`, in [0, 1).
+        b2: the decay rate of the per-layer second moment `v`, in [0, 1).
+        eps: added to `sqrt(v)` in the normalization, >= 0.
+        eps_root: added to `v` inside the square root, >= 0.
+        weight_decay: the coefficient of `params` added inside the momentum, >= 0.
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+
     Reference: Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286
     """
 
@@ -39,7 +48,7 @@ class ScaleByNovograd(AbstractTransform):
     b2: Any = fields.decay_rate(0.25)
     eps: Any = fields.eps(1e-8)
     eps_root: Any = fields.eps(0.0)
-    weight_decay: Any = fields.weight_decay(0.0)
+    weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mu_dtype: Any = fields.dtype()
 
     def init(self, params):

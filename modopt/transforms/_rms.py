@@ -28,6 +28,10 @@ class ScaleByRss(AbstractTransform):
     `s = s + |g|^2` (starting at `initial_accumulator_value`) and `update = g / sqrt(s + eps)`,
     or 0 where `s` is 0.
 
+    Args:
+        initial_accumulator_value: the starting value of the sum `s`, >= 0.
+        eps: added to `s` inside the square root, >= 0.
+
     Reference: Duchi et al., 2011, https://jmlr.org/papers/v12/duchi11a.html
     """
 
@@ -97,6 +101,14 @@ class ScaleByRms(AbstractTransform):
     (`ScaleByRmsWithCountState`); `scale_by_rms(b2, eps_in_sqrt=False, bias_correction=True)`
     is then `scale_by_adam(b1=0, b2=b2)` without a first moment.
 
+    Args:
+        decay: the decay rate of the moving average `v`, in [0, 1).
+        eps: added to `v` inside the square root, or to the root with `eps_in_sqrt=False`, >= 0.
+        initial_scale: the starting value of the moving average of squared gradients, >= 0.
+        eps_in_sqrt: add `eps` inside the square root rather than outside (static).
+        bias_correction: divide `v` by `1 - decay^t`, as Adam does; the state then counts steps
+            (static).
+
     Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
     """
 
@@ -128,6 +140,14 @@ class ScaleByStddev(AbstractTransform):
     `initial_scale`) and `update = g / sqrt(v - |m|^2 + eps)` (`g / (sqrt(v - |m|^2) + eps)`
     with `eps_in_sqrt=False`). With `bias_correction=True`, `m` and `v` are divided by
     `1 - decay^t` first and the state counts steps (`ScaleByRStdDevWithCountState`).
+
+    Args:
+        decay: the decay rate of both moving averages `m` and `v`, in [0, 1).
+        eps: added to the variance inside the square root, or to the root with `eps_in_sqrt=False`,
+            >= 0.
+        initial_scale: the starting value of the moving average of squared gradients, >= 0.
+        eps_in_sqrt: add `eps` inside the square root rather than outside (static).
+        bias_correction: divide `m` and `v` by `1 - decay^t`; the state then counts steps (static).
 
     Reference: Graves, 2013, https://arxiv.org/abs/1308.0850
     """
@@ -168,6 +188,10 @@ class ScaleByAdadelta(AbstractTransform):
     `E[g^2] = rho E[g^2] + (1 - rho) g^2`, `update = sqrt(E[dx^2] + eps) / sqrt(E[g^2] + eps) g`
     (with the previous `E[dx^2]`), then `E[dx^2] = rho E[dx^2] + (1 - rho) update^2`. The
     units of the update match those of the parameters, so no learning rate is needed.
+
+    Args:
+        rho: the decay rate of both running averages, `E[g^2]` and `E[dx^2]`, in [0, 1).
+        eps: added inside both square roots, >= 0; it also sets the size of the first steps.
 
     Reference: Zeiler, 2012, https://arxiv.org/abs/1212.5701
     """

@@ -13,12 +13,16 @@ from .._base import AbstractComposite, AbstractTransform, EmptyState, init_empty
 from .._fields import NONNEGATIVE, hyperparameter, static
 from .._numerics import safe_increment, safe_norm, safe_root_mean_squares
 from .._trees import map_updates
-from ..schedules._base import AbstractSchedule, MappedSchedule, is_schedule, scalar_or_schedule, value_at
+from ..schedules._base import AbstractSchedule, MappedSchedule, ScalarOrSchedule, is_schedule, scalar_or_schedule, value_at
 from ._stateless import Identity
 
 
 class Scale(AbstractTransform):
-    """Multiplies updates by a fixed `step_size` (any sign)."""
+    """Multiplies updates by a fixed `step_size` (any sign).
+
+    Args:
+        step_size: the factor, a number of any sign.
+    """
 
     step_size: Any = hyperparameter()
 
@@ -36,7 +40,12 @@ class ScaleByScheduleState(NamedTuple):
 
 
 class ScaleBySchedule(AbstractTransform):
-    """Multiplies updates by `step_size_fn(count)`, with `count` the number of past updates."""
+    """Multiplies updates by `step_size_fn(count)`, with `count` the number of past updates.
+
+    Args:
+        step_size_fn: a schedule, or any function of the step count, giving the factor (of any
+            sign).
+    """
 
     step_size_fn: AbstractSchedule = scalar_or_schedule(kind="schedule")
 
@@ -53,9 +62,15 @@ class ScaleByLearningRate(AbstractComposite):
     """Multiplies updates by `-learning_rate` (or `+learning_rate` with `flip_sign=False`).
 
     `learning_rate` is a number or a schedule; `None` means no scaling.
+
+    Args:
+        learning_rate: a number >= 0 or a schedule of the step count; `None` leaves the updates
+            unscaled (and unflipped).
+        flip_sign: multiply by `-learning_rate`, for descent (static); `False` multiplies by
+            `learning_rate`.
     """
 
-    learning_rate: Any = fields.learning_rate(None)
+    learning_rate: ScalarOrSchedule = fields.learning_rate(None)
     flip_sign: bool = static(default=True, kw_only=True)
 
     def learning_rates(self, state):
@@ -76,6 +91,10 @@ class ScaleByParamBlockNorm(AbstractTransform):
     """Multiplies each update leaf by the L2 norm of its parameter (at least `min_scale`).
 
     A block is one leaf of the params (a weight vector or matrix): `u <- u * max(||p||, min_scale)`.
+
+    Args:
+        min_scale: the floor of the parameter norm, >= 0, so that zero-initialized parameters can
+            still move.
     """
 
     min_scale: Any = hyperparameter(default=1e-3, check=NONNEGATIVE)
@@ -92,6 +111,10 @@ class ScaleByParamBlockRms(AbstractTransform):
     """Multiplies each update leaf by the RMS of its parameter (at least `min_scale`).
 
     A block is one leaf of the params: `u <- u * max(sqrt(mean(|p|^2)), min_scale)`.
+
+    Args:
+        min_scale: the floor of the parameter RMS, >= 0, so that zero-initialized parameters can
+            still move.
 
     Reference: Shazeer & Stern, 2018 (Adafactor), https://arxiv.org/abs/1804.04235
     """

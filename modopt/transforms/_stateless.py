@@ -36,6 +36,9 @@ class Stateless(AbstractTransform):
     """A transform from a function `f(updates, params) -> updates` of whole pytrees.
 
     `f` is code and therefore static.
+
+    Args:
+        f: the function `f(updates, params) -> updates`; `params` is `None` when `update` gets none.
     """
 
     f: Callable[[Any, Any], Any] = static()
@@ -51,6 +54,9 @@ class StatelessWithTreeMap(AbstractTransform):
     """A transform from a function `f(update, param) -> update` applied leaf by leaf.
 
     `param` is `None` when `update` is called without params.
+
+    Args:
+        f: the function `f(update, param) -> update` of one leaf.
     """
 
     f: Callable[[Any, Any], Any] = static()

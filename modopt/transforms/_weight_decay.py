@@ -12,7 +12,7 @@ from .._base import AbstractTransform, EmptyState, require_params
 from .._numerics import safe_increment
 from .._trees import map_updates
 from ..combinators._masked import Masked
-from ..schedules._base import is_schedule
+from ..schedules._base import ScalarOrSchedule, is_schedule
 
 
 class WeightDecaySchedule(NamedTuple):
@@ -28,10 +28,16 @@ class AddDecayedWeights(AbstractTransform):
     of the params, or a function of the params returning one) limits the decay to the leaves
     marked `True`; the transform is then applied through `masked`, and so is its state.
 
+    Args:
+        weight_decay: the coefficient of the decay, a number >= 0 or a schedule.
+        mask: which leaves the decay applies to: `None` for all, a pytree of bools shaped like a
+            prefix of the params, or a function of the params returning one (such as
+            `modopt.weight_decay_mask`).
+
     Reference: Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
     """
 
-    weight_decay: Any = fields.weight_decay(0.0)
+    weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
     def _as_masked(self) -> Masked:

@@ -189,7 +189,11 @@ CASES = [
     Case("combinators", "chain_non_transform", lambda i: modopt.chain(modopt.scale(1.0), 3), TypeError, "chain argument 1: expected a gradient transformation, got int"),
     Case("combinators", "chain_state_length", lambda i: modopt.chain(modopt.clip(1.0), modopt.scale_by_adam()).update(i.grads, (modopt.EmptyState(),), i.params), ValueError, "chain of 2 transforms got a state with 1 entries"),
     Case("combinators", "check_state_of_other_chain", lambda i: modopt.check_state(modopt.chain(modopt.clip(1.0), modopt.scale_by_adam()), modopt.sgd(0.1).init(i.params), i.params), ValueError, "optimizer state does not belong to this transform (Chain)"),
-    Case("combinators", "partition_label_without_transform", lambda i: modopt.partition({"a": modopt.sgd(0.1)}, {"w": "a", "b": "c"}).init(i.params), ValueError, "partition: the labels ['c'] have no transform; transforms are given for ['a']"),
+    Case("combinators", "partition_label_without_transform", lambda i: modopt.partition({"a": modopt.sgd(0.1)}, {"w": "a", "b": "c"}).init(i.params), ValueError, "partition: the labels [\"'c'\"] have no transform; transforms are given for [\"'a'\"]"),
+    Case("combinators", "partition_int_label_for_str_key", lambda i: modopt.partition({"0": modopt.sgd(0.1)}, {"w": 0, "b": 0}).init(i.params), ValueError, "The label 0 (int) and the transform key '0' (str) look alike but their types differ"),
+    Case("combinators", "masked_string_labels", lambda i: modopt.masked(modopt.add_decayed_weights(0.1), {"w": "decay", "b": "none"}).init(i.params), ValueError, "masked: the mask holds 'none' (a str) at ['b']; a mask holds booleans"),
+    Case("combinators", "masked_structure", lambda i: modopt.masked(modopt.add_decayed_weights(0.1), {"w": True}).init(i.params), ValueError, "masked: the mask and the parameters differ in structure (it must be theirs, or a prefix of it): found no entry for 'b'"),
+    Case("models", "wrt_tree_structure", lambda i: modopt.Optimizer(modopt.sgd(0.1), i.params, wrt={"w": True}), ValueError, "Optimizer: the `wrt` filter tree and the parameters differ in structure"),
     Case("combinators", "multi_steps_every_zero", lambda i: modopt.MultiSteps(modopt.sgd(0.1), every_k_schedule=0), ValueError, "Invalid every_k_schedule: 0 (must be an integer >= 1) in MultiSteps"),
     Case("combinators", "apply_every_zero", lambda i: modopt.apply_every(0), ValueError, "Invalid k: 0 (must be an integer >= 1) in ApplyEveryK"),
     # ---- sharding ------------------------------------------------------------------------

@@ -3,21 +3,31 @@
 An item (a model, a `modopt.Optimizer`, a Flax TrainState, any pytree) is flattened with its
 paths. Each leaf gets a JSON-able record saying how it is stored:
 
-- `array`: written by Orbax, with shape, dtype and a checksum of its bytes;
+- `array`: a JAX or NumPy array (or NumPy scalar) of numbers or booleans, written by Orbax,
+  with shape, dtype and a checksum of its bytes. NumPy data is written and read as NumPy, so
+  its dtype is kept exactly (an `np.int64` data-loader position stays 64-bit even where JAX
+  has 64-bit types off);
 - `key`: a typed PRNG key, written as its `uint32` key data, with the key implementation;
 - `empty`: an array with no elements (Orbax rejects those): only its shape and dtype;
-- `value`: a Python number or bool, kept in the JSON record itself;
-- `static`: anything else (functions, strings): not written; restore takes it from the target.
+- `value`: a Python bool, int (of any size), float or string, kept in the JSON record itself;
+- `static`: code (a function, a class, any other object) in a field of an object (an Equinox
+  module's activation function): not written; restore takes it from the target, as Equinox's
+  own serialisation does. `unsavable` finds such objects outside any object's field (in a
+  plain dict, list or tuple, or as the item itself), which a save refuses: there they are data
+  the caller means to keep.
 
 A Python number and a scalar array of the same kind (bool, integer, floating) stand for each
 other: a Flax `TrainState.create(...)` has the Python int `step=0` where a trained one has an
-int32 array, and either restores into the other.
+int32 array, and either restores into the other. Values of different kinds do not (a saved
+2.5 never restores into an int, nor a string into a number).
 
 `hyperparameter_leaves` tells which leaves of an item are hyperparameters, for the restore
 policy (`CheckpointManager.restore(..., hyperparameters=...)`).
 
 The checksum is computed on the device, so sharded arrays are never gathered for it, and it
-does not depend on how the array is sharded: a checkpoint verifies on any mesh.
+does not depend on how the array is sharded: a checkpoint verifies on any mesh. NumPy data is
+turned into 32-bit words on the host first, the same words the device computes for the same
+bytes, so the checksum does not depend on where the data lives either.
 """
 
 from __future__ import annotations
@@ -66,7 +76,7 @@ class Leaf:
 
     def describe(self) -> str:
         if self.kind == "static":
-            return "a non-array leaf"
+            return "code or another object that is not saved"
         if self.kind == "value":
             return f"the value {self.value!r}"
         return f"{'a PRNG key' if self.kind == 'key' else 'an array'} of shape {tuple(self.shape)} and dtype {self.dtype}"
@@ -78,17 +88,53 @@ def leaves_of(item: Any) -> list[Leaf]:
 
 
 def _leaf(path: str, x: Any) -> Leaf:
-    if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
-        shape = tuple(x.shape)
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) or _is_numeric_numpy(x):
+        shape = tuple(np.shape(x))
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             data = None if isinstance(x, jax.ShapeDtypeStruct) else jax.random.key_data(x)
             impl = str(jax.random.key_impl(x)) if not isinstance(x, jax.ShapeDtypeStruct) else ""
             return Leaf(path, "key", shape, "key", impl=impl, data=data)
         kind = "empty" if 0 in shape else "array"
-        return Leaf(path, kind, shape, np.dtype(x.dtype).name, data=x if kind == "array" else None)
-    if isinstance(x, (bool, int, float)):
+        data = (np.asarray(x) if isinstance(x, np.generic) else x) if kind == "array" else None
+        return Leaf(path, kind, shape, np.dtype(x.dtype).name, data=data)
+    if value_kind(x) is not None:
         return Leaf(path, "value", value=x)
     return Leaf(path, "static")
+
+
+def _is_numeric_numpy(x: Any) -> bool:
+    """A NumPy array or scalar of booleans or numbers (not strings, objects or dates)."""
+    if not isinstance(x, (np.ndarray, np.generic)):
+        return False
+    return x.dtype == np.bool_ or jnp.issubdtype(x.dtype, jnp.number)
+
+
+def value_kind(x: Any) -> str | None:
+    """"bool", "int", "float" or "str" for a Python value the record keeps, else `None`."""
+    for kind, types in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if isinstance(x, types):
+            return kind
+    return None
+
+
+def unsavable(item: Any) -> tuple[str, Any] | None:
+    """`(path, leaf)` of the first leaf of `item` that a checkpoint cannot hold and that is not
+    in a field of an object (where it is code, taken from the restore target); else `None`."""
+    plain = (jax.tree_util.DictKey, jax.tree_util.SequenceKey)
+    for path, x in jax.tree_util.tree_flatten_with_path(item)[0]:
+        if _leaf("", x).kind == "static" and all(isinstance(key, plain) for key in path):
+            return jax.tree_util.keystr(path), x
+    return None
+
+
+def described(x: Any) -> str:
+    """What an object is, for a message: "a function (builtin_function_or_method)", "a set"."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return f"a NumPy {'array' if isinstance(x, np.ndarray) else 'scalar'} of dtype {x.dtype}"
+    name = type(x).__name__
+    if callable(x):
+        return f"{'a class' if isinstance(x, type) else 'a function'} ({name})"
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def from_record(record: dict) -> Leaf:
@@ -105,15 +151,18 @@ def from_record(record: dict) -> Leaf:
 
 def _signature(leaf: Leaf) -> tuple:
     """What must agree between a saved leaf and its target (not a number's value)."""
-    if leaf.kind in ("value", "static"):
-        return (leaf.kind,)
+    if leaf.kind == "value":
+        return ("value", value_kind(leaf.value))
+    if leaf.kind == "static":
+        return ("static",)
     return ("key" if leaf.kind == "key" else "array", tuple(leaf.shape), leaf.dtype)
 
 
 def number_kind(leaf: Leaf) -> str | None:
     """"bool", "int", "float" or "complex" for a Python number or a scalar array, else `None`."""
     if leaf.kind == "value":
-        return {bool: "bool", int: "int", float: "float"}.get(type(leaf.value))
+        kind = value_kind(leaf.value)
+        return kind if kind != "str" else None
     if leaf.kind != "array" or tuple(leaf.shape) != ():
         return None
     dtype = jnp.dtype(leaf.dtype)
@@ -126,18 +175,31 @@ def number_kind(leaf: Leaf) -> str | None:
 def _agree(saved: Leaf, target: Leaf) -> bool:
     if _signature(saved) == _signature(target):
         return True
+    # A checkpoint written before strings were saved has them as `static`: the target's stays.
+    if saved.kind == "static" and target.kind == "value" and value_kind(target.value) == "str":
+        return True
     # A Python number and a scalar array of its kind restore into each other.
     kinds = {saved.kind, target.kind}
     return kinds == {"value", "array"} and number_kind(saved) is not None and number_kind(saved) == number_kind(target)
+
+
+def _fits(saved: Leaf, target: Leaf) -> bool:
+    """Whether a saved Python integer fits the integer dtype of the array it restores into."""
+    if saved.kind != "value" or target.kind != "array" or number_kind(saved) != "int":
+        return True
+    info = np.iinfo(np.dtype(target.dtype))
+    return info.min <= saved.value <= info.max
 
 
 def first_mismatch(saved: list[Leaf], target: list[Leaf]) -> str | None:
     """Where the target's leaves depart from the checkpoint's, in words; `None` if they agree."""
     for s, t in zip(saved, target):
         if s.path != t.path:
-            return f"the checkpoint has a leaf at {s.path} where the target has one at {t.path}"
+            return f"the checkpoint has a leaf at {s.path or 'the root'} where the target has one at {t.path or 'the root'}"
         if not _agree(s, t):
-            return f"at {s.path} the checkpoint has {s.describe()}, the target {t.describe()}"
+            return f"at {s.path or 'the root'} the checkpoint has {s.describe()}, the target {t.describe()}"
+        if not _fits(s, t):
+            return f"at {s.path or 'the root'} the checkpoint has {s.describe()}, which does not fit the target's dtype {t.dtype}"
     if len(saved) != len(target):
         n = min(len(saved), len(target))
         which, longer = ("checkpoint", saved) if len(saved) > n else ("target", target)
@@ -286,10 +348,26 @@ def _checksums(arrays: list[jax.Array]) -> list[jax.Array]:
     return [_checksum(x) for x in arrays]
 
 
+def _host_words(x: np.ndarray) -> np.ndarray:
+    """`_words` of a NumPy array, on the host: its dtype may be one JAX does not hold (64-bit
+    types where `jax_enable_x64` is off), and `uint32` words it always holds."""
+    if np.iscomplexobj(x):
+        x = np.stack([x.real, x.imag], axis=-1)
+    if x.dtype == np.bool_:
+        return x.astype(np.uint32)
+    size = x.dtype.itemsize
+    flat = np.ascontiguousarray(x).reshape(-1)
+    if size == 8:
+        return flat.view(np.uint32).reshape(x.shape + (2,))
+    return flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[size]).astype(np.uint32).reshape(x.shape)
+
+
 def checksums(arrays: list[Any]) -> list[str]:
     """One hex checksum per array, computed on the arrays' devices: one compiled call per set of
-    devices the arrays live on (usually one)."""
-    arrays = [jnp.asarray(x) for x in arrays]
+    devices the arrays live on (usually one). NumPy arrays are turned into words on the host
+    (`_words` of words is the words themselves), so their checksum is that of the same bytes
+    on a device."""
+    arrays = [jnp.asarray(_host_words(np.asarray(x))) if not isinstance(x, jax.Array) else x for x in arrays]
     groups: dict[frozenset, list[int]] = {}
     for i, x in enumerate(arrays):
         groups.setdefault(frozenset(x.sharding.device_set), []).append(i)

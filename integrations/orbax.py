@@ -13,6 +13,27 @@ optimizer's transform and hyperparameters, and a checksum of every array. Restor
 target against the record first, and the checksums after reading, so it never hands back
 numbers that differ from what was saved.
 
+What a checkpoint holds of an item, leaf by leaf:
+
+- JAX arrays and PRNG keys, on any sharding;
+- NumPy arrays and scalars of numbers or booleans, kept as NumPy with their dtype: an
+  `np.int64(2**40)` data-loader position restores exactly, as an `np.int64`, even where JAX
+  has 64-bit types off;
+- Python bools, ints (of any size), floats and strings, in the JSON record;
+- nothing of code: a function or class (or any other object) in a field of an object, like
+  an Equinox model's activation function, is taken from the restore target, as Equinox's own
+  serialisation does.
+
+Anything else is refused by `save` before anything is written, naming the item and path: a
+function in a plain dict, list or tuple (or as the item itself), a set, a NumPy array of
+strings. Saving is in increasing order of steps: saving a step that exists, or one before the
+latest, is an error unless `overwrite=True` says to replace it.
+
+One manager writes to a directory at a time: the first save takes the directory's writer lock
+(`modopt-writer.lock`), held until `close()`, and a second manager's save, in this process or
+another, is an error naming the holder. Reading needs no lock. A lock left by a process that
+crashed is taken over by the next save (see `integrations/_lock.py`).
+
 Hyperparameters: by default a restore keeps the target's (`hyperparameters="target"`): the
 learning rate, betas and schedules come from the code that builds the target, as with optax,
 where the schedule lives in the code. The state (moments, step counts, PRNG keys) comes from
@@ -24,7 +45,10 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import operator
 import os
+import re
+import shutil
 import threading
 import warnings
 import weakref
@@ -34,7 +58,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._records import CheckpointError, Leaf, checksums, first_mismatch, from_record, hyperparameter_leaves, leaves_of
+from ._lock import WriterLock
+from ._records import (
+    CheckpointError,
+    Leaf,
+    checksums,
+    described,
+    first_mismatch,
+    from_record,
+    hyperparameter_leaves,
+    leaves_of,
+    unsavable,
+)
 
 __all__ = ["CheckpointError", "CheckpointManager", "HyperparameterWarning"]
 
@@ -42,6 +77,7 @@ FORMAT = 1
 _ARRAYS = "arrays"
 _RECORD = "modopt"
 _POLICIES = ("target", "saved")
+_TEMPORARY = re.compile(r"^\d+\.orbax-checkpoint-tmp")  # a step Orbax has not finished writing
 
 
 class HyperparameterWarning(UserWarning):
@@ -68,6 +104,9 @@ class CheckpointManager:
         save_interval_steps: `save` writes only steps that are multiples of this.
         async_save: write in the background (default). A program that exits without
             `wait_until_finished()` or `close()` still waits for its last save at exit.
+
+    The first `save` makes the manager the directory's only writer until `close()`; any
+    number of managers can restore from it meanwhile (they see new steps as they appear).
     """
 
     def __init__(
@@ -88,30 +127,72 @@ class CheckpointManager:
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,
             enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True,  # an interrupted save leaves nothing behind
+            # Not at construction: a manager opened to read would delete the files of a save in
+            # flight in another. The writer removes what an interrupted save left (`_become_writer`).
+            cleanup_tmp_directories=False,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(_ARRAYS, _RECORD))
+        self._lock = WriterLock(self.directory)
         # Saves in flight are finished at exit, so an exit without `close()` loses nothing. This
         # must run before Python stops the thread pools Orbax writes with, which happens before
         # plain `atexit` handlers; `threading._register_atexit` callbacks run first (newest first).
-        self._finalizer = weakref.finalize(self, _finish, self._manager)
+        self._finalizer = weakref.finalize(self, _finish, self._manager, self._lock)
         getattr(threading, "_register_atexit", atexit.register)(self._finalizer)
 
     # ---- saving --------------------------------------------------------------------------
 
-    def save(self, step: int, **items: Any) -> bool:
-        """Saves `items` (by name) as `step`; returns whether it was written (see `save_interval_steps`)."""
+    def save(self, step: int, *, overwrite: bool = False, **items: Any) -> bool:
+        """Saves `items` (by name) as `step`; returns whether it was written (see `save_interval_steps`).
+
+        Steps are saved in increasing order. Saving a step that exists, or one before the
+        latest, raises a `CheckpointError`, unless `overwrite=True`: then that step and every
+        later one are deleted first (a run that went back to an earlier step), and the step is
+        written whatever `save_interval_steps` says. The deletion comes before the writing: a
+        crash in between loses them.
+
+        Everything is checked before anything is written: the step (an integer >= 0), that each
+        leaf is something a checkpoint holds (see the module's documentation), and that no
+        other manager writes to the directory.
+        """
+        step = _step(step, "save")
         if not items:
             raise ValueError("save needs at least one item, e.g. save(step, model=model, optimizer=optimizer).")
-        step = int(step)
-        if not self._manager.should_save(step):
+        for name, item in items.items():
+            found = unsavable(item)
+            if found is not None:
+                path, leaf = found
+                remedy = "Leave it out" if callable(leaf) else "Convert it (to a list, an array or a string), or leave it out"
+                raise CheckpointError(
+                    f"save: item {name!r} holds {described(leaf)} at {path or 'the root'}, which a checkpoint cannot "
+                    "hold: it holds arrays, numbers and strings, and takes code from the restore target only where it "
+                    f"is a field of an object (a model's activation function). {remedy}. Nothing was saved."
+                )
+        if self._lock.acquire():
+            self._become_writer()
+        steps = self.all_steps()
+        later = [s for s in steps if s >= step]
+        if later and not overwrite:
+            if later[0] == step:
+                problem = f"step {step} already exists in {self.directory}"
+                remedy = "to replace it" + (f" and delete the later steps {later[1:]}" if later[1:] else "")
+            else:
+                problem = f"step {step} is before the latest step {later[-1]} in {self.directory} (steps are saved in increasing order)"
+                remedy = f"to go back to step {step}, deleting the steps {later}"
+            raise CheckpointError(
+                f"save: {problem}. Save under a later step, or pass overwrite=True {remedy}. Nothing was saved."
+            )
+        if later:
+            self._manager.wait_until_finished()
+            for old in later:
+                self._manager.delete(old)
+        elif not self._manager.should_save(step):
             return False
-        records, arrays = {}, {}
         leaves_by_item = {name: leaves_of(item) for name, item in items.items()}
         # One compiled call computes every item's checksums.
         written = [leaf for leaves in leaves_by_item.values() for leaf in leaves if leaf.data is not None]
         for leaf, checksum in zip(written, checksums([leaf.data for leaf in written])):
             leaf.checksum = checksum
+        records, arrays = {}, {}
         for name, item in items.items():
             leaves = leaves_by_item[name]
             arrays[name] = {f"leaf_{i}": leaf.data for i, leaf in enumerate(leaves) if leaf.data is not None}
@@ -131,7 +212,15 @@ class CheckpointManager:
         args = ocp.args.Composite(
             **{_ARRAYS: ocp.args.PyTreeSave(arrays), _RECORD: ocp.args.JsonSave(record)}
         )
-        return bool(self._manager.save(step, args=args))
+        return bool(self._manager.save(step, args=args, force=True))  # `should_save` was asked above
+
+    def _become_writer(self) -> None:
+        """On becoming the directory's only writer: what other writers left is now known to be done."""
+        self._manager.reload()  # the steps saved since this manager was made
+        if jax.process_index() == 0:
+            for name in os.listdir(self.directory):
+                if _TEMPORARY.match(name):  # a save that never finished (its process ended)
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     # ---- restoring -----------------------------------------------------------------------
 
@@ -200,13 +289,15 @@ class CheckpointManager:
         }
 
     def _resolve_step(self, step: int | None) -> int:
+        steps = self.all_steps()
         if step is None:
-            step = self.latest_step()
-            if step is None:
+            if not steps:
                 raise FileNotFoundError(f"No checkpoint in {self.directory}.")
-        elif int(step) not in self.all_steps():
-            raise FileNotFoundError(f"No checkpoint of step {step} in {self.directory}; the steps are {self.all_steps()}.")
-        return int(step)
+            return steps[-1]
+        step = _step(step, "restore")
+        if step not in steps:
+            raise FileNotFoundError(f"No checkpoint of step {step} in {self.directory}; the steps are {steps}.")
+        return step
 
     def _read_record(self, step: int) -> dict:
         ocp = _orbax()
@@ -241,8 +332,13 @@ class CheckpointManager:
     def _read_arrays(self, step: int, abstract: dict) -> dict:
         ocp = _orbax()
         try:
-            # Items not asked for are not read (`partial_restore`).
-            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+            # Items not asked for are not read (`partial_restore`). NumPy data is read as NumPy.
+            restore_args = jax.tree.map(
+                lambda x: ocp.RestoreArgs(restore_type=np.ndarray, dtype=x.dtype)
+                if x.sharding is None
+                else ocp.checkpoint_utils.construct_restore_args(x),
+                abstract,
+            )
             arrays = ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
             restored = self._manager.restore(step, args=ocp.args.Composite(**{_ARRAYS: arrays}))
         except Exception as error:  # noqa: BLE001
@@ -267,10 +363,14 @@ class CheckpointManager:
     # ---- steps and lifetime --------------------------------------------------------------
 
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        steps = self.all_steps()
+        return steps[-1] if steps else None
 
     def all_steps(self) -> list[int]:
-        return list(self._manager.all_steps())
+        """The steps saved, in increasing order (those being written by this manager included)."""
+        if not self._lock.held:
+            self._manager.reload()  # another manager may be writing here
+        return sorted(self._manager.all_steps())
 
     def wait_until_finished(self) -> None:
         """Blocks until every save in flight is written."""
@@ -290,13 +390,34 @@ class CheckpointManager:
         return f"CheckpointManager({self.directory!r}, steps={self.all_steps()})"
 
 
-def _finish(manager: Any) -> None:
-    manager.wait_until_finished()
-    manager.close()
+def _finish(manager: Any, lock: WriterLock) -> None:
+    try:
+        manager.wait_until_finished()
+        manager.close()
+    finally:
+        lock.release()
+
+
+def _step(step: Any, method: str) -> int:
+    """`step` as an int, if it is an integer >= 0 (a Python or NumPy int, an integer scalar array)."""
+    try:
+        index = operator.index(step) if not isinstance(step, bool) else None
+    except TypeError:
+        index = None
+    if index is None or index < 0:
+        kind = "" if isinstance(step, int) and not isinstance(step, bool) else f" of type {type(step).__name__}"
+        raise ValueError(f"Invalid step: {step!r}{kind} (must be an integer >= 0) in {method}.")
+    return index
 
 
 def _abstract(x: Any, saved: Leaf) -> Any:
-    """The array Orbax reads `saved` into: its shape and dtype, on the target leaf's sharding."""
+    """The array Orbax reads `saved` into: its shape and dtype, on the target leaf's sharding, or
+    on the host (no sharding: read as NumPy) for a NumPy target and for a dtype JAX cannot hold
+    (64-bit types where `jax_enable_x64` is off)."""
+    if saved.kind == "array" and (
+        isinstance(x, (np.ndarray, np.generic)) or jax.dtypes.canonicalize_dtype(saved.dtype) != np.dtype(saved.dtype)
+    ):
+        return jax.ShapeDtypeStruct(tuple(saved.shape), np.dtype(saved.dtype))
     sharding = getattr(x, "sharding", None)
     if sharding is None:
         sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -342,10 +463,16 @@ def _copy(x: Any) -> Any:
     return x
 
 
-def _array_like(value: jax.Array, x: Any) -> Any:
-    """A saved array as the target leaf `x` holds it."""
+def _array_like(value: Any, x: Any) -> Any:
+    """A saved array (a `jax.Array`, or a NumPy array read on the host) as the target leaf `x` holds it."""
     if isinstance(x, np.ndarray):
         return np.asarray(value)
+    if isinstance(x, np.generic):
+        return np.asarray(value)[()]  # a NumPy scalar of the saved dtype
+    if isinstance(value, np.ndarray) and isinstance(x, (bool, int, float)):
+        return type(x)(value.item())  # a 64-bit number JAX cannot hold stays a Python number
+    if isinstance(value, np.ndarray):
+        return value
     if isinstance(x, (bool, int, float)) or (getattr(x, "weak_type", False) and value.ndim == 0):
         # Hyperparameters are weakly typed (bf16 * lr stays bf16), and so is a Python number
         # under `jit` (a fresh Flax TrainState's `step=0`); Orbax forgets it.
@@ -360,10 +487,13 @@ def _weak(value: jax.Array) -> jax.Array:
 
 
 def _number_like(number: Any, x: Any) -> Any:
-    """A saved Python number as the target leaf `x` (a number, or a scalar array) holds it."""
-    if isinstance(x, (bool, int, float)):
+    """A saved Python value (a number or a string) as the target leaf `x` (a value of its kind,
+    or a scalar array) holds it."""
+    if isinstance(x, (bool, int, float, str)):
         return type(x)(number)
-    if isinstance(x, (np.ndarray, np.generic)):
+    if isinstance(x, np.generic):
+        return x.dtype.type(number)
+    if isinstance(x, np.ndarray):
         return np.asarray(number, x.dtype)
     array = jnp.asarray(number)
     if not (getattr(x, "weak_type", False) and array.dtype == x.dtype):

@@ -185,13 +185,14 @@ def test_nnx_optimizer_resumes_bit_exactly_as_objects_and_as_states(saved):
 
 def test_numbers_and_scalar_arrays_restore_into_each_other(saved):
     """A Python number in the target takes a saved scalar array (weakly typed, as `jit` makes
-    it), an array takes a saved number (in its dtype); other kinds are still an error."""
+    it), an array or a NumPy scalar takes a saved number (in its dtype and type); other kinds
+    are still an error."""
     like = {"epoch": 0, "position": jnp.zeros((), jnp.int32), "best": np.float32(0)}
     numbers = restore(saved, numbers=like)["numbers"]
     assert numbers["epoch"].weak_type and int(numbers["epoch"]) == 7
     assert numbers["position"].dtype == jnp.int32 and not numbers["position"].weak_type
     assert int(numbers["position"]) == 12
-    assert isinstance(numbers["best"], np.ndarray) and numbers["best"].dtype == np.float32 and numbers["best"] == 0.5
+    assert type(numbers["best"]) is np.float32 and numbers["best"] == 0.5
     expected = "at ['epoch'] the checkpoint has an array of shape () and dtype int32, the target the value 0.0"
     with pytest.raises(CheckpointError, match=re.escape(expected)):
         restore(saved, numbers={**like, "epoch": 0.0})

@@ -28,12 +28,14 @@ except ImportError as error:
 
 import modopt
 from modopt._base import owned_init, owned_transform
+from modopt._checks import align_gradients, check_state
 from modopt._extra_args import adapt_to_params, check_extra_args
 from modopt._hyperparameters import (
     hyperparameters_with_state,
     set_hyperparameters_with_state,
     single_learning_rate,
 )
+from modopt._optimizer import _check_reduced
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
@@ -52,6 +54,12 @@ class TrainState(struct.PyTreeNode):
     Flax); the others reach `tx.update` as extra arguments (for instance the loss `value`).
     A function argument such as `value_fn` takes the params, as `apply_fn` does. An extra
     argument that a transform needs but is missing, or that none reads, is a `TypeError`.
+
+    `apply_gradients` checks the gradients against `params` before anything changes (at
+    trace time under `jax.jit`): a gradient tree of another structure, a `None` gradient, or
+    a gradient of another shape or dtype kind is a `ValueError` naming its path (and both
+    shapes). A transform that takes per-example gradients (`dpsgd`) takes every gradient with
+    one leading batch axis, `(batch_size, *param.shape)`; any other takes the parameters' shapes.
 
     Args:
         step: the number of steps taken, an integer scalar (`create` starts it at 0).
@@ -77,7 +85,12 @@ class TrainState(struct.PyTreeNode):
         replace = {name: value for name, value in kwargs.items() if name in fields}
         extra_args = {name: value for name, value in kwargs.items() if name not in fields}
         check_extra_args(self.tx, extra_args, "TrainState.apply_gradients")
+        per_example = self.tx.takes_per_example_updates()
+        grads = _checked_gradients(self.tx, self.params, grads, per_example, "TrainState.apply_gradients", **_LINEN)
+        check_state(self.tx, self.opt_state, self.params)
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params, **extra_args)
+        if per_example:
+            _check_reduced(self.tx, updates, self.params)
         params = modopt.apply_updates(self.params, updates)
         return self.replace(step=self.step + 1, params=params, opt_state=opt_state, **replace)
 
@@ -114,6 +127,10 @@ class NnxOptimizer(nnx.Pytree):
     hyperparameters are `Hyperparameter` variables: read them with `.hyperparameters`,
     change them with `.set(learning_rate=1e-4)`, and `nnx.jit` does not retrace.
 
+    `wrt` (an NNX filter: a variable type such as `nnx.Param`, `nnx.All(...)`, ...) selects the
+    variables to train; one that selects no floating-point variable of `model` is a
+    `ValueError` saying which variables the model holds.
+
     With `shardings=` (the parameters' shardings, e.g. `param_shardings(nnx.state(model,
     nnx.Param), mesh)`), the optimizer state is created directly on the shardings each
     transform's rule derives from them; `zero_axis=` adds ZeRO-1.
@@ -128,6 +145,8 @@ class NnxOptimizer(nnx.Pytree):
         self.wrt = wrt
         self.step = OptimizerState(jnp.array(0, jnp.uint32))
         params = nnx.as_pure(nnx.state(model, wrt))
+        if not any(_is_inexact(leaf) for leaf in jax.tree_util.tree_leaves(params)):
+            raise ValueError(_selects_nothing(model, wrt))
         if shardings is None:
             opt_state = owned_init(tx, params)
         else:
@@ -168,6 +187,13 @@ class NnxOptimizer(nnx.Pytree):
 
         `extra_args` reach the transform (e.g. the loss `value`); a function argument such as
         `value_fn` takes the model, as the loss does.
+
+        Only the gradients of the `wrt` variables are used (those of others are left out, as in
+        Flax). They are checked against the model's `wrt` variables before anything changes (at
+        trace time under `nnx.jit`): another structure, or a gradient of another shape or dtype
+        kind, is a `ValueError` naming its path (and both shapes). A transform that takes
+        per-example gradients (`dpsgd`) takes every gradient with one leading batch axis, e.g.
+        from `nnx.vmap(nnx.grad(loss), in_axes=(None, 0))(model, x)`.
         """
         tx = self.tx
         declared = check_extra_args(tx, extra_args, "NnxOptimizer.update")
@@ -176,13 +202,89 @@ class NnxOptimizer(nnx.Pytree):
         to_params = lambda tree: nnx.as_pure(nnx.state(tree, self.wrt))  # noqa: E731
         extra_args = adapt_to_params(declared, nnx.as_pure(extra_args), to_model, to_params)
         params = nnx.as_pure(params)
-        grads = nnx.as_pure(nnx.state(grads, self.wrt))
+        per_example = tx.takes_per_example_updates()
+        grads = _checked_gradients(
+            tx, params, nnx.as_pure(nnx.state(grads, self.wrt)), per_example, "NnxOptimizer.update",
+            **_nnx_advice(self.wrt),
+        )
         opt_state = nnx.as_pure(self.opt_state)
+        check_state(tx, opt_state, params)
         updates, new_state = tx.update(grads, opt_state, params, **extra_args)
+        if per_example:
+            _check_reduced(tx, updates, params)
         nnx.update(model, modopt.apply_updates(params, updates))
         self._set_state(new_state)
         self.step.set_value(self.step.get_value() + 1)
         return updates
+
+
+# ---- checks --------------------------------------------------------------------------------
+
+# How the messages of `align_gradients` speak of a linen TrainState's parameters and gradients.
+_LINEN = dict(
+    of="the parameters (`state.params`)",
+    how="`jax.grad` of a loss of `state.params`",
+    how_per_example="`jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(state.params, x, y)`, `loss` taking one example",
+)
+
+
+def _nnx_advice(wrt: Any) -> dict[str, str]:
+    """How the messages of `align_gradients` speak of an NNX model's `wrt` variables."""
+    return dict(
+        of=f"the model's variables selected by wrt={_filter_name(wrt)}",
+        how=(
+            "`nnx.grad(loss)(model)` (it differentiates the `nnx.Param` variables; for another `wrt`, "
+            "`nnx.grad(loss, argnums=nnx.DiffState(0, wrt))`)"
+        ),
+        how_per_example="`nnx.vmap(nnx.grad(loss), in_axes=(None, 0))(model, x)`, `loss` taking one example",
+    )
+
+
+def _checked_gradients(tx: Any, params: Any, grads: Any, per_example: bool, where: str, **advice: str) -> Any:
+    """`grads` checked against `params` by `align_gradients` (structure, shapes, dtypes, by path),
+    each present: the adapters hand every gradient to the transform, as Flax does."""
+    aligned = align_gradients(params, params, grads, per_example, **advice)
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    for (path, _), grad in zip(flat, jax.tree_util.tree_structure(params).flatten_up_to(aligned)):
+        if grad is None:
+            raise ValueError(
+                f"The gradient at {jax.tree_util.keystr(path)} is None, but {where} needs a gradient for every "
+                "parameter. To keep some parameters fixed, give them `modopt.set_to_zero()` in a `modopt.partition`."
+            )
+    return aligned
+
+
+def _is_inexact(leaf: Any) -> bool:
+    return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)
+
+
+def _filter_name(wrt: Any) -> str:
+    """`nnx.Param` for a variable type of NNX, the type's name for another, the repr otherwise."""
+    if isinstance(wrt, type):
+        return f"nnx.{wrt.__name__}" if getattr(nnx, wrt.__name__, None) is wrt else wrt.__name__
+    return repr(wrt)
+
+
+def _selects_nothing(model: Any, wrt: Any) -> str:
+    """The message for a `wrt` that selects no floating-point variable of `model`."""
+    by_type: dict[str, list[str]] = {}
+    variables = jax.tree_util.tree_flatten_with_path(nnx.state(model), is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+    for path, variable in variables:
+        value = variable.get_value() if isinstance(variable, nnx.Variable) else variable
+        dtype = getattr(value, "dtype", type(value).__name__)
+        by_type.setdefault(type(variable).__name__, []).append(f"{jax.tree_util.keystr(path)} ({dtype})")
+    if by_type:
+        holds = "; ".join(
+            f"{len(paths)} {name} ({', '.join(paths[:4])}{', ...' if len(paths) > 4 else ''})"
+            for name, paths in by_type.items()
+        )
+    else:
+        holds = "no variables"
+    return (
+        f"NnxOptimizer: wrt={_filter_name(wrt)} selects no floating-point variable of the model "
+        f"({type(model).__name__}), so the optimizer would train nothing. The model holds {holds}. "
+        "Pass as `wrt` a filter of the variables to train, e.g. `nnx.Param` (the default)."
+    )
 
 
 # ---- shardings from Flax's partitioning metadata -------------------------------------------

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -62,12 +63,13 @@ def _describe(expected: Any, found: Any, where: str, leaf: str) -> str:
         return f"a {type(found).__name__} at {where}, where {leaf} is expected"
     if type(expected) is not type(found):
         return f"a {type(found).__name__} at {where}, where a {type(expected).__name__} is expected"
-    if isinstance(expected, dict):
+    if isinstance(expected, Mapping):  # dicts, and Flax's FrozenDict and nnx.State
         missing = sorted(map(repr, set(expected) - set(found)))
         extra = sorted(map(repr, set(found) - set(expected)))
         parts = [f"no entry for {', '.join(missing)}"] if missing else []
         parts += [f"unexpected entries {', '.join(extra)}"] if extra else []
-        return f"{' and '.join(parts)} in the dict at {where}"
+        if parts:
+            return f"{' and '.join(parts)} in the {type(found).__name__} at {where}"
     if isinstance(expected, (tuple, list)) and len(expected) != len(found):
         return f"{len(found)} entries in the {type(found).__name__} at {where}, where {len(expected)} are expected"
     if isinstance(expected, eqx.Module):
@@ -85,7 +87,16 @@ def _kind(dtype) -> str:
     return next((name for kind, name in _KINDS if jnp.issubdtype(dtype, kind)), str(dtype))
 
 
-def align_gradients(model: Any, params: Any, grads: Any, per_example: bool = False) -> Any:
+def align_gradients(
+    model: Any,
+    params: Any,
+    grads: Any,
+    per_example: bool = False,
+    *,
+    of: str = "the model",
+    how: str = "`eqx.filter_grad` (or `jax.grad`) of a loss of this model",
+    how_per_example: str = "`jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0, 0))(model, x, y)`, `loss` taking one example",
+) -> Any:
     """`grads` checked against `model`, restricted to its trainable leaves `params`.
 
     `params` is `model` with `None` at frozen leaves. Returns grads with exactly `params`'
@@ -94,14 +105,17 @@ def align_gradients(model: Any, params: Any, grads: Any, per_example: bool = Fal
 
     With `per_example`, each gradient has exactly one axis more than its parameter, in front
     (the batch), of the same size for every leaf.
+
+    The messages call `model` `of`, and say to compute the gradients with `how` (per example:
+    `how_per_example`); the defaults speak of an Equinox model, the Flax adapters of theirs.
     """
     treedef = jax.tree_util.tree_structure(model)
     try:
         subtrees = treedef.flatten_up_to(grads)
     except (ValueError, TypeError):
         raise ValueError(
-            f"The gradients do not have the structure of the model: found {_first_difference(model, grads)}. "
-            "Compute them with `eqx.filter_grad` (or `jax.grad`) of a loss of this model."
+            f"The gradients do not have the structure of {of}: found {_first_difference(model, grads)}. "
+            f"Compute them with {how}."
         ) from None
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(model)[0]]
     aligned, batch = [], None  # batch: (size, path) of the first per-example gradient
@@ -116,8 +130,7 @@ def align_gradients(model: Any, params: Any, grads: Any, per_example: bool = Fal
             raise ValueError(
                 f"The gradient at {path} has shape {grad.shape}, but this optimizer takes per-example "
                 f"gradients: the parameter's shape {param.shape} after one leading batch axis, "
-                f"{_batched_shape(param.shape)}. Compute them "
-                "with `jax.vmap(eqx.filter_grad(loss), in_axes=(None, 0, 0))(model, x, y)`, `loss` taking one example."
+                f"{_batched_shape(param.shape)}. Compute them with {how_per_example}."
             )
         if per_example and batch is not None and grad.shape[0] != batch[0]:
             raise ValueError(

@@ -219,3 +219,88 @@ def test_unknown_apply_gradients_keyword_is_an_error():
     state = TrainState.create(apply_fn=None, params={"w": jnp.ones(3)}, tx=modopt.adam(1e-3))
     with pytest.raises(TypeError, match="got the extra argument `misspelled_field`, which no transform of Adam reads"):
         state.apply_gradients(grads={"w": jnp.ones(3)}, misspelled_field=3)
+
+
+# ---- gradients and `wrt` checked before anything changes (the messages: test_bad_input.py) ----
+
+
+def _linear_grads(model):
+    return nnx.grad(lambda m: jnp.sum(m(jnp.ones(3)) ** 2))(model)
+
+
+def test_train_state_rejects_a_batched_gradient_at_trace_time_with_the_state_donated():
+    state = TrainState.create(apply_fn=None, params={"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)}, tx=modopt.adam(1e-3))
+    step = jax.jit(lambda s, g: s.apply_gradients(grads=g), donate_argnums=0)
+    with pytest.raises(ValueError, match=re.escape("The gradient at ['kernel'] has shape (5, 3, 2), but the parameter has shape (3, 2).")):
+        step(state, {"kernel": jnp.ones((5, 3, 2)), "bias": jnp.zeros(2)})
+    # Raised while tracing: nothing was donated, and the same state still steps.
+    assert not state.params["kernel"].is_deleted() and state.params["kernel"].shape == (3, 2)
+    new = step(state, {"kernel": jnp.ones((3, 2)), "bias": jnp.zeros(2)})
+    assert new.params["kernel"].shape == (3, 2) and int(new.step) == 1
+
+
+def test_nnx_update_rejects_a_batched_gradient_under_nnx_jit_and_changes_nothing():
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    optimizer = NnxOptimizer(model, modopt.adam(1e-3))
+    grads = _linear_grads(model)
+    before = jax.tree.map(np.asarray, nnx.as_pure(nnx.state((model, optimizer))))
+    step = nnx.jit(lambda m, o, g: o.update(m, g))
+    batched = jax.tree.map(lambda g: jnp.stack([g] * 5), nnx.state(grads))
+    batched["bias"] = grads["bias"]  # only the kernel is wrong
+    with pytest.raises(ValueError, match=re.escape("The gradient at ['kernel'] has shape (5, 3, 2), but the parameter has shape (3, 2).")):
+        step(model, optimizer, batched)
+    after = jax.tree.map(np.asarray, nnx.as_pure(nnx.state((model, optimizer))))
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True):
+        np.testing.assert_array_equal(a, b)
+    step(model, optimizer, grads)
+    assert model.kernel.get_value().shape == (3, 2) and int(optimizer.step.get_value()) == 1
+
+
+def test_nnx_wrt_selecting_no_floating_variable_is_an_error_naming_what_the_model_holds():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(3, 2, rngs=rngs)
+            self.rngs = rngs
+
+    net = Net(nnx.Rngs(0))
+    for wrt, name in [(None, "None"), (nnx.BatchStat, "nnx.BatchStat"), (nnx.RngState, "nnx.RngState")]:
+        with pytest.raises(ValueError) as error:
+            NnxOptimizer(net, modopt.adam(1e-3), wrt=wrt)
+        assert str(error.value).startswith(f"NnxOptimizer: wrt={name} selects no floating-point variable of the model (Net)")
+        assert "The model holds 2 Param (['linear']['bias'] (float32), ['linear']['kernel'] (float32)); 1 RngCount" in str(error.value)
+    # BatchStat variables are floating: selecting them is allowed.
+    NnxOptimizer(nnx.BatchNorm(2, rngs=nnx.Rngs(0)), modopt.sgd(0.1), wrt=nnx.BatchStat)
+
+
+def test_nnx_wrt_filter_trains_exactly_what_it_selects():
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    kernel, bias = np.asarray(model.kernel.get_value()), np.asarray(model.bias.get_value())
+    optimizer = NnxOptimizer(model, modopt.sgd(0.1), wrt=nnx.All(nnx.Param, nnx.PathContains("kernel")))
+    # The default `nnx.grad` also differentiates the bias: that gradient is left out, as in Flax.
+    optimizer.update(model, _linear_grads(model))
+    # d/dK sum((x K + b)^2) = 2 x^T (x K + b), with x = ones(3).
+    expected = kernel - 0.1 * 2 * np.outer(np.ones(3), np.ones(3) @ kernel + bias)
+    np.testing.assert_allclose(model.kernel.get_value(), expected, rtol=1e-6)
+    np.testing.assert_array_equal(model.bias.get_value(), bias)
+
+
+def test_per_example_gradients_reach_dpsgd_through_both_adapters():
+    """With no noise and a clip no example reaches, DP-SGD is SGD on the mean gradient."""
+    tx = modopt.dpsgd(0.1, l2_norm_clip=1e6, noise_multiplier=0.0, seed=0)
+    per_example = jax.random.normal(jax.random.key(3), (4, 3))
+    state = TrainState.create(apply_fn=None, params={"w": jnp.arange(3.0)}, tx=tx)
+    state = jax.jit(lambda s, g: s.apply_gradients(grads=g))(state, {"w": per_example})
+    np.testing.assert_allclose(state.params["w"], np.arange(3.0) - 0.1 * np.mean(per_example, 0), rtol=1e-6)
+    with pytest.raises(ValueError, match=re.escape("Compute them with `jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(state.params, x, y)`")):
+        state.apply_gradients(grads={"w": per_example[0]})
+
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    before = jax.tree.map(np.asarray, nnx.as_pure(nnx.state(model, nnx.Param)))
+    x = jax.random.normal(jax.random.key(4), (4, 3))
+    grads = nnx.vmap(nnx.grad(lambda m, xi: jnp.sum(m(xi) ** 2)), in_axes=(None, 0))(model, x)
+    NnxOptimizer(model, tx).update(model, grads)
+    mean = jax.tree.map(lambda g: np.mean(g, 0), nnx.as_pure(nnx.state(grads, nnx.Param)))
+    for name in ("kernel", "bias"):
+        np.testing.assert_allclose(getattr(model, name).get_value(), before[name] - 0.1 * mean[name], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=re.escape("Compute them with `nnx.vmap(nnx.grad(loss), in_axes=(None, 0))(model, x)`")):
+        NnxOptimizer(model, tx).update(model, _linear_grads(model))

@@ -93,6 +93,21 @@ class Inputs:
 
         return NnxOptimizer(self.nnx_model, modopt.adam(1e-3), wrt=nnx.Param)
 
+    def _nnx_grads(self):
+        from flax import nnx
+
+        return nnx.grad(lambda m: jnp.sum(m(jnp.ones(2)) ** 2))(self.nnx_model)
+
+    def _flax(self):
+        """The Flax names the cases use (imported on first use: flax is an extra)."""
+        from types import SimpleNamespace
+
+        from flax import nnx
+
+        from modopt.integrations.flax import NnxOptimizer, TrainState
+
+        return SimpleNamespace(nnx=nnx, NnxOptimizer=NnxOptimizer, TrainState=TrainState)
+
     def _checkpoints(self):
         """A directory holding step 1 of `params` and `adam`, and its manager."""
         from modopt.integrations.orbax import CheckpointManager
@@ -216,6 +231,23 @@ CASES = [
     Case("flax", "train_state_set_invalid", lambda i: i.train_state.set(b2=1.0), ValueError, "Invalid b2: 1.0 (must be in [0, 1))"),
     Case("flax", "nnx_set_unknown_name", lambda i: i.nnx_optimizer.set(lr=0.1), KeyError, "No hyperparameter named 'lr'"),
     Case("flax", "nnx_update_unknown_extra_argument", lambda i: i.nnx_optimizer.update(i.nnx_model, i.nnx_model, valu=1.0), TypeError, "NnxOptimizer.update got the extra argument `valu`"),
+    Case("flax", "train_state_gradient_batch_axis", lambda i: i.train_state.apply_gradients(grads={"w": jnp.ones((5, 3, 2)), "b": jnp.zeros(2)}), ValueError, "The gradient at ['w'] has shape (5, 3, 2), but the parameter has shape (3, 2). It looks like per-example gradients (a leading batch axis of size 5)"),
+    Case("flax", "train_state_gradient_shape", lambda i: i.train_state.apply_gradients(grads={"w": jnp.ones((2, 3)), "b": jnp.zeros(2)}), ValueError, "The gradient at ['w'] has shape (2, 3), but the parameter has shape (3, 2)."),
+    Case("flax", "train_state_gradient_dtype", lambda i: i.train_state.apply_gradients(grads={"w": jnp.ones((3, 2), jnp.int32), "b": jnp.zeros(2)}), ValueError, "The gradient at ['w'] has dtype int32 (integer), but the parameter has dtype float32 (floating)."),
+    Case("flax", "train_state_gradient_missing_entry", lambda i: i.train_state.apply_gradients(grads={"w": jnp.ones((3, 2))}), ValueError, "The gradients do not have the structure of the parameters (`state.params`): found no entry for 'b' in the dict at the root. Compute them with `jax.grad` of a loss of `state.params`."),
+    Case("flax", "train_state_gradient_extra_entry", lambda i: i.train_state.apply_gradients(grads={**i.grads, "c": jnp.ones(1)}), ValueError, "found unexpected entries 'c' in the dict at the root"),
+    Case("flax", "train_state_gradient_none", lambda i: i.train_state.apply_gradients(grads={"w": i.grads["w"], "b": None}), ValueError, "The gradient at ['b'] is None, but TrainState.apply_gradients needs a gradient for every parameter."),
+    Case("flax", "train_state_dpsgd_without_batch_axis", lambda i: i.flax.TrainState.create(apply_fn=None, params=i.params, tx=modopt.dpsgd(0.1, 1.0, 1.0, seed=0)).apply_gradients(grads=i.grads), ValueError, "The gradient at ['b'] has shape (2,), but this optimizer takes per-example gradients: the parameter's shape (2,) after one leading batch axis, (batch_size, 2). Compute them with `jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(state.params, x, y)`"),
+    Case("flax", "train_state_params_replaced", lambda i: i.train_state.replace(params={"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}).apply_gradients(grads={"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}), ValueError, "The optimizer state at [0].mu['w'] has shape (3, 2) and dtype float32, but Adam expects (4, 2) float32."),
+    Case("flax", "train_state_mask_structure", lambda i: i.flax.TrainState.create(apply_fn=None, params=i.params, tx=modopt.masked(modopt.add_decayed_weights(0.1), {"w": True})), ValueError, "masked: the mask and the parameters differ in structure (it must be theirs, or a prefix of it): found no entry for 'b' in the dict at the root"),
+    Case("flax", "train_state_partition_labels", lambda i: i.flax.TrainState.create(apply_fn=None, params=i.params, tx=modopt.partition({"a": modopt.sgd(0.1)}, {"w": "a", "x": "a"})), ValueError, "partition: the labels and the parameters differ in structure (it must be theirs, or a prefix of it): found no entry for 'b' and unexpected entries 'x' in the dict at the root"),
+    Case("flax", "nnx_gradient_batch_axis", lambda i: i.nnx_optimizer.update(i.nnx_model, jax.tree.map(lambda g: jnp.stack([g] * 5), i.nnx_grads)), ValueError, "The gradient at ['bias'] has shape (5, 3), but the parameter has shape (3,). It looks like per-example gradients (a leading batch axis of size 5)"),
+    Case("flax", "nnx_gradient_shape", lambda i: i.nnx_optimizer.update(i.nnx_model, i.flax.nnx.State({"kernel": i.flax.nnx.Param(jnp.ones((3, 2))), "bias": i.nnx_grads["bias"]})), ValueError, "The gradient at ['kernel'] has shape (3, 2), but the parameter has shape (2, 3)."),
+    Case("flax", "nnx_gradient_missing_entry", lambda i: i.nnx_optimizer.update(i.nnx_model, i.flax.nnx.State({"kernel": i.nnx_grads["kernel"]})), ValueError, "The gradients do not have the structure of the model's variables selected by wrt=nnx.Param: found no entry for 'bias' in the State at the root. Compute them with `nnx.grad(loss)(model)`"),
+    Case("flax", "nnx_other_model", lambda i: (lambda m: i.nnx_optimizer.update(m, m))(i.flax.nnx.Linear(4, 3, rngs=i.flax.nnx.Rngs(0))), ValueError, "The optimizer state at [0].mu['kernel'] has shape (2, 3) and dtype float32, but Adam expects (4, 3) float32."),
+    Case("flax", "nnx_wrt_none", lambda i: i.flax.NnxOptimizer(i.nnx_model, modopt.adam(1e-3), wrt=None), ValueError, "NnxOptimizer: wrt=None selects no floating-point variable of the model (Linear), so the optimizer would train nothing. The model holds 2 Param (['bias'] (float32), ['kernel'] (float32))."),
+    Case("flax", "nnx_wrt_batch_stat", lambda i: i.flax.NnxOptimizer(i.nnx_model, modopt.adam(1e-3), wrt=i.flax.nnx.BatchStat), ValueError, "NnxOptimizer: wrt=nnx.BatchStat selects no floating-point variable of the model (Linear)"),
+    Case("flax", "nnx_mask_of_other_structure", lambda i: i.flax.NnxOptimizer(i.nnx_model, modopt.masked(modopt.add_decayed_weights(0.1), {"kernel": True, "bias": False})), ValueError, "masked: the mask and the parameters differ in structure (it must be theirs, or a prefix of it): found a dict at the root, where a State is expected"),
     # ---- checkpoints ---------------------------------------------------------------------
     Case("checkpoints", "missing_step", lambda i: i.checkpoints.restore(7, params=i.params), FileNotFoundError, "No checkpoint of step 7 in"),
     Case("checkpoints", "missing_item", lambda i: i.checkpoints.restore(1, model=i.params), ValueError, "Step 1 has no item 'model'; it holds ['optimizer', 'params']"),

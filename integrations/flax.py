@@ -189,7 +189,8 @@ class NnxOptimizer(nnx.Pytree):
         `value_fn` takes the model, as the loss does.
 
         Only the gradients of the `wrt` variables are used (those of others are left out, as in
-        Flax). They are checked against the model's `wrt` variables before anything changes (at
+        Flax); a pure state (`nnx.as_pure(grads)`), whose arrays carry no variable type to
+        filter by, is taken as the gradients of exactly those variables. They are checked against the model's `wrt` variables before anything changes (at
         trace time under `nnx.jit`): another structure, or a gradient of another shape or dtype
         kind, is a `ValueError` naming its path (and both shapes). A transform that takes
         per-example gradients (`dpsgd`) takes every gradient with one leading batch axis, e.g.
@@ -204,8 +205,7 @@ class NnxOptimizer(nnx.Pytree):
         params = nnx.as_pure(params)
         per_example = tx.takes_per_example_updates()
         grads = _checked_gradients(
-            tx, params, nnx.as_pure(nnx.state(grads, self.wrt)), per_example, "NnxOptimizer.update",
-            **_nnx_advice(self.wrt),
+            tx, params, _wrt_gradients(grads, self.wrt), per_example, "NnxOptimizer.update", **_nnx_advice(self.wrt)
         )
         opt_state = nnx.as_pure(self.opt_state)
         check_state(tx, opt_state, params)
@@ -252,6 +252,16 @@ def _checked_gradients(tx: Any, params: Any, grads: Any, per_example: bool, wher
                 "parameter. To keep some parameters fixed, give them `modopt.set_to_zero()` in a `modopt.partition`."
             )
     return aligned
+
+
+def _wrt_gradients(grads: Any, wrt: Any) -> Any:
+    """The pure gradients of the `wrt` variables: `nnx.grad`'s state of variables (or a model)
+    filtered by `wrt`; a pure tree (`nnx.as_pure(grads)`), whose arrays carry no variable type
+    to filter by, as it is."""
+    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    if isinstance(grads, nnx.Pytree) or any(map(is_variable, jax.tree_util.tree_leaves(grads, is_leaf=is_variable))):
+        return nnx.as_pure(nnx.state(grads, wrt))
+    return grads
 
 
 def _is_inexact(leaf: Any) -> bool:

@@ -284,6 +284,15 @@ def test_nnx_wrt_filter_trains_exactly_what_it_selects():
     np.testing.assert_array_equal(model.bias.get_value(), bias)
 
 
+def test_nnx_update_takes_the_pure_state_of_the_gradients_as_it_is():
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    before = jax.tree.map(np.asarray, nnx.as_pure(nnx.state(model, nnx.Param)))
+    grads = nnx.as_pure(_linear_grads(model))  # plain arrays: no variable type for `wrt` to filter by
+    NnxOptimizer(model, modopt.sgd(0.1)).update(model, grads)
+    for name in ("kernel", "bias"):
+        np.testing.assert_allclose(getattr(model, name).get_value(), before[name] - 0.1 * np.asarray(grads[name]), rtol=1e-6)
+
+
 def test_per_example_gradients_reach_dpsgd_through_both_adapters():
     """With no noise and a clip no example reaches, DP-SGD is SGD on the mean gradient."""
     tx = modopt.dpsgd(0.1, l2_norm_clip=1e6, noise_multiplier=0.0, seed=0)
@@ -295,12 +304,18 @@ def test_per_example_gradients_reach_dpsgd_through_both_adapters():
         state.apply_gradients(grads={"w": per_example[0]})
 
     model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    optimizer = NnxOptimizer(model, tx)
     before = jax.tree.map(np.asarray, nnx.as_pure(nnx.state(model, nnx.Param)))
-    x = jax.random.normal(jax.random.key(4), (4, 3))
-    grads = nnx.vmap(nnx.grad(lambda m, xi: jnp.sum(m(xi) ** 2)), in_axes=(None, 0))(model, x)
-    NnxOptimizer(model, tx).update(model, grads)
-    mean = jax.tree.map(lambda g: np.mean(g, 0), nnx.as_pure(nnx.state(grads, nnx.Param)))
+
+    @nnx.jit
+    def step(model, optimizer, x):
+        grads = nnx.vmap(nnx.grad(lambda m, xi: jnp.sum(m(xi) ** 2)), in_axes=(None, 0))(model, x)
+        optimizer.update(model, grads)
+        return nnx.as_pure(nnx.state(grads, nnx.Param))
+
+    grads = step(model, optimizer, jax.random.normal(jax.random.key(4), (4, 3)))
     for name in ("kernel", "bias"):
-        np.testing.assert_allclose(getattr(model, name).get_value(), before[name] - 0.1 * mean[name], rtol=1e-5, atol=1e-6)
+        expected = before[name] - 0.1 * np.mean(grads[name], 0)
+        np.testing.assert_allclose(getattr(model, name).get_value(), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=re.escape("Compute them with `nnx.vmap(nnx.grad(loss), in_axes=(None, 0))(model, x)`")):
-        NnxOptimizer(model, tx).update(model, _linear_grads(model))
+        optimizer.update(model, jax.tree.map(lambda g: g[0], grads))

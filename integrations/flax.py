@@ -131,6 +131,11 @@ class NnxOptimizer(nnx.Pytree):
     variables to train; one that selects no floating-point variable of `model` is a
     `ValueError` saying which variables the model holds.
 
+    The transform sees the pure state of those variables (an `nnx.State` of arrays), so a mask
+    or partition labels in `tx` are a tree of that shape, e.g.
+    `jax.tree.map(lambda p: p.ndim > 1, nnx.as_pure(nnx.state(model, nnx.Param)))`, or a
+    function of it; a plain dict is an error naming the difference.
+
     With `shardings=` (the parameters' shardings, e.g. `param_shardings(nnx.state(model,
     nnx.Param), mesh)`), the optimizer state is created directly on the shardings each
     transform's rule derives from them; `zero_axis=` adds ZeRO-1.

@@ -319,3 +319,14 @@ def test_per_example_gradients_reach_dpsgd_through_both_adapters():
         np.testing.assert_allclose(getattr(model, name).get_value(), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=re.escape("Compute them with `nnx.vmap(nnx.grad(loss), in_axes=(None, 0))(model, x)`")):
         optimizer.update(model, jax.tree.map(lambda g: g[0], grads))
+
+
+def test_nnx_mask_built_from_the_pure_state_selects_by_path():
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    model.bias.set_value(jnp.ones(2))
+    kernel = np.asarray(model.kernel.get_value())
+    mask = jax.tree.map(lambda p: p.ndim > 1, nnx.as_pure(nnx.state(model, nnx.Param)))
+    optimizer = NnxOptimizer(model, modopt.chain(modopt.masked(modopt.add_decayed_weights(0.5), mask), modopt.sgd(0.1)))
+    optimizer.update(model, jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param)))
+    np.testing.assert_allclose(model.kernel.get_value(), kernel * (1 - 0.1 * 0.5), rtol=1e-6)  # decayed
+    np.testing.assert_array_equal(model.bias.get_value(), np.ones(2))  # masked out

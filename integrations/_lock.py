@@ -57,7 +57,7 @@ class WriterLock:
         """Makes this manager the directory's writer; whether it just became it (it was not before).
 
         Raises `CheckpointError` where another writer holds the directory, or took it over
-        from this manager (which then judged abandoned: a process stopped for minutes).
+        from this manager (judging it abandoned: this process was stopped for minutes).
         """
         if jax.process_index() != 0:  # process 0 holds it for all
             first, self.token = self.token is None, ""
@@ -223,15 +223,20 @@ def _hold(path: str, token: str) -> None:
 
 
 def _heartbeat() -> None:
-    """Refreshes every lock this process holds (the save after a takeover raises)."""
     while True:
         time.sleep(HEARTBEAT)
-        with _guard:
-            held = dict(_held)
-        for path, token in held.items():
-            owner, _ = _read(path)
-            if owner is not None and owner.get("token") == token:
-                try:
-                    os.utime(path)
-                except OSError:
-                    pass
+        refresh()
+
+
+def refresh() -> None:
+    """Refreshes every lock this process still holds (one taken over is left alone: the next
+    save of its manager raises)."""
+    with _guard:
+        held = dict(_held)
+    for path, token in held.items():
+        owner, _ = _read(path)
+        if owner is not None and owner.get("token") == token:
+            try:
+                os.utime(path)
+            except OSError:
+                pass

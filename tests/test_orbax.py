@@ -5,12 +5,15 @@ Resuming across meshes (8 devices to 4 and 1) is in `test_sharded.py`.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import equinox as eqx
 import jax
@@ -170,6 +173,74 @@ def test_steps_interval_max_to_keep_and_relative_paths(tmp_path, monkeypatch):
         assert bitwise_equal(manager.restore(params=params)["params"], params)
 
 
+def test_numpy_data_python_numbers_and_strings_round_trip_exactly(tmp_path):
+    """NumPy data keeps its dtype and type, 64-bit too while JAX's 64-bit types are off (an
+    `np.int64(2**40)` data-loader position once came back as `Array(0, int32)`); Python ints of
+    any size, floats (NaN and infinities too), strings and lists of strings come back as saved."""
+    assert not jax.config.jax_enable_x64
+    loader = {
+        "position": np.int64(2**40 + 3),
+        "seed": np.uint64(2**64 - 1),
+        "rate": np.float64(0.1),
+        "flag": np.bool_(True),
+        "order": np.array([2**40, -(2**62), 7], np.int64),
+        "weights": np.array([0.1, 1e-300]),
+        "count": 2**70,
+        "loss": float("nan"),
+        "best": float("-inf"),
+        "name": "run-1",
+        "files": ["a.tfrecord", "b.tfrecord"],
+    }
+    zeros = {
+        "position": np.int64(0),
+        "seed": np.uint64(0),
+        "rate": np.float64(0),
+        "flag": np.bool_(False),
+        "order": np.zeros(3, np.int64),
+        "weights": np.zeros(2),
+        "count": 0,
+        "loss": 0.0,
+        "best": 0.0,
+        "name": "",
+        "files": ["", ""],
+    }
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, loader=loader, on_device={"x": jnp.arange(6.0)}, on_host={"x": np.arange(6.0, dtype=np.float32)})
+        manager.wait_until_finished()
+        restored = manager.restore(loader=zeros)["loader"]
+        other = manager.restore(
+            loader={**zeros, "position": 0, "rate": 0.0, "order": jax.ShapeDtypeStruct((3,), np.int64)},
+            on_device={"x": np.zeros(6, np.float32)},  # device data read into NumPy, host data onto a device
+            on_host={"x": jnp.zeros(6)},
+        )
+    for name, value in loader.items():
+        assert type(restored[name]) is type(value), name
+        if isinstance(value, np.ndarray):
+            assert restored[name].dtype == value.dtype and np.array_equal(restored[name], value), name
+        elif name != "loss":
+            assert restored[name] == value, name
+    assert math.isnan(restored["loss"])
+    # Into a Python number, 64-bit NumPy data that JAX cannot hold is a Python number, exact.
+    assert other["loader"]["position"] == 2**40 + 3 and type(other["loader"]["position"]) is int
+    assert other["loader"]["rate"] == 0.1 and type(other["loader"]["rate"]) is float
+    # An abstract target of such a dtype is read as NumPy.
+    assert isinstance(other["loader"]["order"], np.ndarray) and np.array_equal(other["loader"]["order"], loader["order"])
+    assert isinstance(other["on_device"]["x"], np.ndarray) and np.array_equal(other["on_device"]["x"], np.arange(6.0))
+    assert isinstance(other["on_host"]["x"], jax.Array) and np.array_equal(other["on_host"]["x"], np.arange(6.0))
+
+
+def test_code_in_a_model_comes_from_the_target(tmp_path):
+    """A function in a field of a module (an activation) is code: not written, taken from the
+    target, as Equinox's serialisation does."""
+    model = make_model()
+    other = eqx.nn.MLP(8, 3, 16, 1, activation=jax.nn.tanh, key=jax.random.key(1))
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, model=model)
+        restored = manager.restore(model=other)["model"]
+    assert restored.activation is other.activation is not model.activation
+    assert bitwise_equal(eqx.filter(restored, eqx.is_array), eqx.filter(model, eqx.is_array))
+
+
 # ---- bad cases -----------------------------------------------------------------------------
 
 
@@ -198,6 +269,128 @@ def test_restoring_into_another_optimizer_or_model_names_the_path(tmp_path):
             manager.restore(4, model=model)
 
 
+def test_a_step_is_saved_once_and_in_increasing_order_unless_overwritten(tmp_path):
+    ones, zeros = {"w": jnp.ones(3)}, {"w": jnp.zeros(3)}
+    with CheckpointManager(tmp_path) as manager:
+        assert manager.save(jnp.asarray(3), params=ones)  # an integer scalar array (a step count) is a step
+        expected = f"save: step 3 already exists in {tmp_path}. Save under a later step, or pass overwrite=True to replace it."
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            manager.save(3, params=zeros)  # while step 3 may still be being written
+        assert manager.save(np.int64(5), params=ones)
+        expected = (
+            f"save: step 4 is before the latest step 5 in {tmp_path} (steps are saved in increasing order). Save under "
+            "a later step, or pass overwrite=True to go back to step 4, deleting the steps [5]. Nothing was saved."
+        )
+        with pytest.raises(CheckpointError, match=re.escape(expected)):
+            manager.save(4, params=zeros)
+        manager.wait_until_finished()
+        assert manager.all_steps() == [3, 5]
+        assert float(manager.restore(3, params=zeros)["params"]["w"][0]) == 1.0  # the first data, kept
+        assert manager.save(3, overwrite=True, params=zeros)  # goes back to step 3: step 5 is deleted
+        manager.wait_until_finished()
+        assert manager.all_steps() == [3]
+        assert float(manager.restore(3, params=ones)["params"]["w"][0]) == 0.0
+
+
+# ---- one writer per directory ----------------------------------------------------------------
+
+
+SMALL = {"w": jnp.arange(4.0)}
+
+
+def test_one_writer_per_directory_and_any_number_of_readers(tmp_path):
+    """Two managers saving into one directory once left a step that could not be read, and a
+    manager opened to read deleted the files of a save in flight."""
+    lock = tmp_path / "modopt-writer.lock"
+    big = {"w": jnp.ones((2048, 1024))}
+    writer = CheckpointManager(tmp_path)
+    writer.save(1, params=big)  # written in the background
+    reader = CheckpointManager(tmp_path)
+    writer.wait_until_finished()
+    assert reader.all_steps() == [1]  # readers see the writer's steps as they appear
+    assert float(reader.restore(params=big)["params"]["w"][-1, -1]) == 1.0
+    second = CheckpointManager(tmp_path)
+    expected = (
+        f"save: another CheckpointManager of this process writes to {tmp_path} (it holds {lock}). Two writers on one "
+        "directory corrupt each other's steps: save through that manager, or close() it first. Nothing was saved."
+    )
+    with pytest.raises(CheckpointError, match=re.escape(expected)):
+        second.save(2, params=SMALL)
+    assert writer.save(2, params=SMALL)
+    writer.close()
+    assert not lock.exists()
+    assert second.save(3, params=SMALL)  # the directory is free once its writer is closed
+    second.close()
+    reader.close()
+    with CheckpointManager(tmp_path) as manager:
+        assert manager.all_steps() == [1, 2, 3]
+        assert bitwise_equal(manager.restore(params=SMALL)["params"], SMALL)
+
+
+def write_lock(directory, *, host, pid, age=0.0):
+    """A lock file as another manager leaves it, last refreshed `age` seconds ago."""
+    path = directory / "modopt-writer.lock"
+    path.write_text(json.dumps({"host": host, "pid": pid, "since": "2026-01-01T00:00:00+00:00", "token": "theirs"}))
+    os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+def ended_process() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+@pytest.mark.parametrize("holder", ["running here", "ended here", "elsewhere", "elsewhere, silent for 2 min"])
+def test_a_lock_of_another_process_refuses_the_save_unless_abandoned(tmp_path, holder):
+    import socket
+
+    here = socket.gethostname()
+    host, pid, age = {
+        "running here": (here, os.getppid(), 0.0),
+        "ended here": (here, ended_process(), 0.0),
+        "elsewhere": ("another-host", 4321, 5.0),
+        "elsewhere, silent for 2 min": ("another-host", 4321, 120.0),
+    }[holder]
+    path = write_lock(tmp_path, host=host, pid=pid, age=age)
+    with CheckpointManager(tmp_path) as manager:
+        if holder in ("running here", "elsewhere"):
+            expected = (
+                f"save: another process writes to {tmp_path}: the lock {path} is held by process {pid} on host {host!r} "
+                f"since 2026-01-01T00:00:00+00:00 (refreshed {age:.0f} s ago). Two writers on one directory corrupt "
+                "each other's steps, so this manager does not write there"
+            )
+            with pytest.raises(CheckpointError, match=re.escape(expected)) as error:
+                manager.save(1, params=SMALL)
+            assert f"if you know that no process writes there, delete {path}. Nothing was saved." in str(error.value)
+            assert manager.all_steps() == [] and json.loads(path.read_text())["token"] == "theirs"
+        else:
+            assert manager.save(1, params=SMALL)  # the abandoned lock is taken over
+            assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert path.exists() == (holder in ("running here", "elsewhere"))
+
+
+def test_the_writer_refreshes_its_lock_and_stops_when_another_takes_it(tmp_path):
+    from modopt.integrations import _lock
+
+    path = tmp_path / "modopt-writer.lock"
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, params=SMALL)
+    os.utime(path, (time.time() - 50, time.time() - 50))
+    _lock.refresh()  # what the heartbeat thread does every few seconds
+    assert time.time() - path.stat().st_mtime < 5
+    path.unlink()  # deleted by hand while the writer runs: its next save takes the lock again
+    assert manager.save(2, params=SMALL)
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    write_lock(tmp_path, host="another-host", pid=4321)  # taken over by a process that judged it abandoned
+    expected = f"save: this CheckpointManager no longer writes to {tmp_path}: process 4321 on host 'another-host' holds its lock"
+    with pytest.raises(CheckpointError, match=re.escape(expected)):
+        manager.save(3, params=SMALL)
+    manager.close()
+    assert json.loads(path.read_text())["token"] == "theirs"  # closing leaves the other's lock alone
+    assert manager.all_steps() == [1, 2]
+
+
 def run_python(code: str, timeout: int = 180) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
 
@@ -216,6 +409,7 @@ def test_save_killed_mid_write_leaves_the_previous_step(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     assert result.returncode == -9, result.stderr[-3000:]
+    assert (tmp_path / "modopt-writer.lock").exists()  # left by the killed writer, taken over by the next
     with CheckpointManager(tmp_path) as manager:
         assert manager.all_steps() == [1]
         restored = manager.restore(params={"w": jnp.zeros((1024, 1024))})["params"]["w"]

@@ -133,6 +133,7 @@ class CheckpointManager:
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(_ARRAYS, _RECORD))
         self._lock = WriterLock(self.directory)
+        self._names = frozenset(os.listdir(self.directory))  # what Orbax found at construction
         # Saves in flight are finished at exit, so an exit without `close()` loses nothing. This
         # must run before Python stops the thread pools Orbax writes with, which happens before
         # plain `atexit` handlers; `threading._register_atexit` callbacks run first (newest first).
@@ -368,8 +369,14 @@ class CheckpointManager:
 
     def all_steps(self) -> list[int]:
         """The steps saved, in increasing order (those being written by this manager included)."""
-        if not self._lock.held:
-            self._manager.reload()  # another manager may be writing here
+        if not self._lock.held:  # another manager may be writing here: look again when the directory changed
+            try:
+                names = frozenset(os.listdir(self.directory))
+            except FileNotFoundError:
+                names = frozenset()
+            if names != self._names:
+                self._manager.reload()
+                self._names = names
         return sorted(self._manager.all_steps())
 
     def wait_until_finished(self) -> None:

@@ -468,6 +468,22 @@ def test_missing_or_garbled_record_is_a_clear_error(tmp_path, damage):
             manager.restore(params=params)
 
 
+def test_a_string_of_an_older_checkpoint_comes_from_the_target(tmp_path):
+    """Checkpoints written before strings were saved mark them `static`: the target's string stays."""
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, run={"name": "run-1", "step": 3})
+    path = tmp_path / "1" / "modopt" / "metadata"
+    record = json.loads(path.read_text())
+    leaf = record["items"]["run"]["leaves"][0]
+    assert leaf == {"path": "['name']", "kind": "value", "value": "run-1"}
+    record["items"]["run"]["leaves"][0] = {"path": "['name']", "kind": "static"}
+    path.write_text(json.dumps(record))
+    with CheckpointManager(tmp_path) as manager:
+        assert manager.restore(run={"name": "target", "step": 0})["run"] == {"name": "target", "step": 3}
+        with pytest.raises(CheckpointError, match=re.escape("at ['name'] the checkpoint has code or another object")):
+            manager.restore(run={"name": 0, "step": 0})
+
+
 def test_import_modopt_does_not_import_orbax():
     result = run_python("""
         import sys, modopt

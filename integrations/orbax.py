@@ -453,9 +453,10 @@ def _rebuild(plan: list, arrays: dict, like: Any, kept: dict[int, str]) -> Any:
         elif saved.kind == "key":
             leaves.append(jax.random.wrap_key_data(arrays[f"leaf_{i}"], impl=saved.impl))
         elif saved.kind == "empty":
-            empty = jnp.zeros(saved.shape, saved.dtype)
+            empty = np.zeros(saved.shape, saved.dtype)
             sharding = getattr(x, "sharding", None)
-            leaves.append(np.asarray(empty) if isinstance(x, np.ndarray) else jax.device_put(empty, sharding) if sharding else empty)
+            on_host = isinstance(x, np.ndarray) or jax.dtypes.canonicalize_dtype(empty.dtype) != empty.dtype
+            leaves.append(empty if on_host else jax.device_put(empty, sharding) if sharding else jnp.asarray(empty))
         elif saved.kind == "value":
             leaves.append(_number_like(saved.value, x))
         else:

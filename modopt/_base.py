@@ -386,6 +386,14 @@ def as_transform(tx: Any, where: str) -> AbstractTransform:
     """Accepts a modopt or optax transform as a component; anything else is an error."""
     if isinstance(tx, AbstractTransform):
         return tx
+    if isinstance(tx, type) or (callable(tx) and not isinstance(tx, GradientTransformation)):
+        # `modopt.adam` (a class) has `init` and `update` too: name the mistake, not the protocol.
+        what = "the class" if isinstance(tx, type) else "the function"
+        name = getattr(tx, "__name__", type(tx).__name__)
+        raise TypeError(
+            f"{where}: got {what} {name}, not a gradient transformation: call it to make one, "
+            f"e.g. `{name}(learning_rate=1e-3)` for an optimizer."
+        )
     if isinstance(tx, GradientTransformation):
         return from_optax(tx)
     raise TypeError(f"{where}: expected a gradient transformation, got {type(tx).__name__}.")

@@ -157,6 +157,14 @@ def align_gradients(
                 f"The gradient at {path} has dtype {grad.dtype} ({_kind(grad.dtype)}), but the "
                 f"parameter has dtype {param.dtype} ({_kind(param.dtype)})."
             )
+        wider = jnp.promote_types(param.dtype, jax.dtypes.canonicalize_dtype(grad.dtype))  # NumPy float64: float32 without x64
+        if wider != param.dtype:
+            raise ValueError(
+                f"The gradient at {path} has dtype {grad.dtype}, wider than the parameter's {param.dtype}: the "
+                f"update and the optimizer state would become {wider} after "
+                "this step (with x64 on, float64 inputs to the loss give float64 gradients). Cast the loss's "
+                f"inputs, or the gradients (`jax.tree.map(lambda g: g.astype(jnp.{param.dtype}), grads)`)."
+            )
         aligned.append(grad)
     return treedef.unflatten(aligned)
 
@@ -167,7 +175,16 @@ def _batched_shape(shape: tuple[int, ...]) -> str:
 
 
 def check_state(transform: Any, state: Any, params: Any) -> None:
-    """Raises `ValueError` naming the path where `state` differs from `transform.init(params)`."""
+    """Raises `ValueError` naming the path where `state` differs from `transform.init(params)`.
+
+    Compares structures, shapes and dtypes (by abstract evaluation: nothing is computed), so
+    a state restored from elsewhere or made by another optimizer is caught before a step.
+
+    Args:
+        transform: the transform the state should belong to.
+        state: the optimizer state to check.
+        params: the parameters the state was made for.
+    """
     expected = jax.eval_shape(transform.init, params)
     found_def = jax.tree_util.tree_structure(state, is_leaf=is_none)
     expected_def = jax.tree_util.tree_structure(expected, is_leaf=is_none)

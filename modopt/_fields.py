@@ -28,6 +28,7 @@ _CHECK = "modopt_check"  # metadata key: the field is a hyperparameter, with thi
 _CHOICES = "modopt_choices"  # metadata key: the values a static field may take
 _OPTIONAL = "modopt_optional"  # metadata key: `None` (switching the feature off) is accepted
 _KIND = "modopt_kind"  # metadata key: what a hyperparameter accepts (see `_KINDS`)
+_NDIM = "modopt_ndim"  # metadata key: the number of dimensions of its value (0: a scalar)
 _KINDS = {
     "number": "a number",
     "number_or_schedule": "a number or a schedule (a callable of the step count)",
@@ -75,6 +76,7 @@ def interval(lo: float, hi: float, *, closed_lo: bool = True, closed_hi: bool = 
 NONNEGATIVE = Check(">= 0", lambda v: bool(np.all(v >= 0)))
 POSITIVE = Check("> 0", lambda v: bool(np.all(v > 0)))
 FINITE = Check("finite", lambda v: bool(np.all(np.isfinite(v))))
+FINITE_NONNEGATIVE = Check(">= 0 and finite", lambda v: bool(np.all((v >= 0) & np.isfinite(v))))
 POSITIVE_INTEGER = Check("an integer >= 1", lambda v: bool(np.all((v >= 1) & (v == np.round(v)))))
 NONNEGATIVE_INTEGER = Check("an integer >= 0", lambda v: bool(np.all((v >= 0) & (v == np.round(v)))))
 UNIT = interval(0, 1, closed_hi=True)  # [0, 1]
@@ -197,6 +199,7 @@ def hyperparameter(
     check: Check | None = None,
     kind: str = "number",
     optional: bool = False,
+    ndim: int = 0,
     **kwargs: Any,
 ):
     """A numeric hyperparameter field: an array leaf, validated at construction by `check`.
@@ -204,12 +207,15 @@ def hyperparameter(
     `kind` says what it accepts: "number" (the default), "number_or_schedule" (see
     `scalar_or_schedule`) or "schedule". `None` is accepted where it is the default or where
     the field is `optional` (`None` switches the feature off, e.g. Adafactor's clipping).
+    A number is a scalar unless `ndim` says otherwise (a schedule's boundaries are a vector).
+    A schedule in a field with a `check` must pass it at its `probe_counts()`.
 
     Args:
         default: the field's default value; leave it out for a required field.
         check: a `Check` the value must pass at construction, or `None` for none.
         kind: `"number"`, `"number_or_schedule"` or `"schedule"`: what the field accepts.
         optional: accept `None` (the feature switched off) even where it is not the default.
+        ndim: the number of dimensions of a number: 0 (a scalar, the default) or 1 (a vector).
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
     if kind not in _KINDS:
@@ -218,6 +224,7 @@ def hyperparameter(
     metadata[_CHECK] = check
     metadata[_KIND] = kind
     metadata[_OPTIONAL] = optional or default is None
+    metadata[_NDIM] = ndim
     converter = kwargs.pop("converter", as_hyperparameter)
     return eqx.field(default=default, converter=converter, metadata=metadata, **kwargs)
 
@@ -350,6 +357,9 @@ def validate_hyperparameters(module: eqx.Module) -> None:
                     f"Invalid {f.name}: {_shown(value)} is a schedule or function, but {f.name} takes a "
                     f"number {where}. Only learning-rate-like hyperparameters accept schedules."
                 )
+            violation = None if check is None else _schedule_violation(value, check)
+            if violation:
+                raise ValueError(f"Invalid {f.name}: {_shown(value)} {violation} (must be {check.description}) {where}.")
             continue
         if kind == "schedule":
             raise ValueError(f"Invalid {f.name}: {_shown(value)} (expected {_KINDS[kind]}) {where}.")
@@ -357,11 +367,44 @@ def validate_hyperparameters(module: eqx.Module) -> None:
             raise ValueError(
                 f"Invalid {f.name}: {_shown(value)} of type {type(value).__name__} (expected {_KINDS[kind]}) {where}."
             )
+        ndim, shape = f.metadata.get(_NDIM, 0), jnp.shape(value.value if isinstance(value, Rate) else value)
+        if len(shape) != ndim:
+            expected = "a scalar" if ndim == 0 else f"an array of {ndim} dimension{'s' if ndim > 1 else ''}"
+            raise ValueError(f"Invalid {f.name}: {_shown(value)} of shape {shape} (expected {expected}) {where}.")
         if check is None or not is_concrete(value):
             continue
         concrete = np.asarray(value)
         if np.iscomplexobj(concrete) or not check.predicate(concrete):
             raise ValueError(f"Invalid {f.name}: {_shown(value)} (must be {check.description}) {where}.")
+
+
+def _schedule_violation(schedule: Any, check: Check) -> str | None:
+    """How a schedule fails `check` ("is -0.1 at step 0"), probed at its `probe_counts()`: the
+    steps where its pieces start and end, where its extreme values lie. `None` if it passes, or
+    if it cannot be probed here (traced numbers; a function that cannot be traced fails again,
+    with its own error, when the step runs)."""
+    probe_counts = getattr(schedule, "probe_counts", None)
+    if probe_counts is None or not all(is_concrete(x) for x in jax.tree_util.tree_leaves(schedule)):
+        return None
+    counts = np.unique(np.asarray(probe_counts()))
+    if counts.dtype.kind in "iu" and not np.all(np.abs(counts) < 2**31):
+        counts = counts.astype(np.float32)  # as `as_count` takes steps beyond int32
+    try:
+        with jax.ensure_compile_time_eval():  # concrete, also while a caller traces
+            values = np.asarray(_evaluate(schedule, jnp.asarray(counts)))
+    except Exception:  # noqa: BLE001 - user code, probed outside its training step
+        return None
+    for count, value in zip(counts, values):
+        if np.iscomplexobj(value) or not check.predicate(value):
+            return f"is {_shown(value)} at step {_shown(count)}"
+    return None
+
+
+@jax.jit
+def _evaluate(schedule: Any, counts: jax.Array) -> jax.Array:
+    """A schedule's values at several steps, compiled once per kind of schedule (evaluating
+    op by op costs ~100x more)."""
+    return jax.vmap(schedule)(counts)
 
 
 def hyperparameter_names(module: eqx.Module) -> tuple[str, ...]:

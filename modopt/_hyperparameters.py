@@ -22,6 +22,10 @@ from .schedules._schedules import ConstantSchedule
 def hyperparameters(tx: AbstractTransform) -> dict[str, Any]:
     """Every hyperparameter of `tx` by name (a dotted path where names clash), schedules included.
 
+    Args:
+        tx: a transform; its parts (a chain's transforms, a wrapper's inner one) and the numbers
+            of its schedules are included.
+
     Example:
         >>> modopt.hyperparameters(modopt.adam(1e-3))["learning_rate"]
         Array(0.001, dtype=float32, weak_type=True)
@@ -120,14 +124,22 @@ def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransfo
     where that is unique in `tx` (`learning_rate`) and by its path otherwise
     (`transforms[0].b1`); its full path is always accepted, so a name written as a path
     keeps working when a chain grows another transform with the same field.
+
+    Each new value is validated by the module that holds it and by every module around it (a
+    schedule's new `init_value` must still make a valid learning rate).
+
+    Args:
+        tx: the transform to copy.
+        **values: the new values by name (see `hyperparameters(tx)` for the names).
     """
     index = _hyperparameter_index(tx, all_paths=True)
     for name, value in values.items():
         if name not in index:
             raise KeyError(_unknown(name, sorted(_hyperparameter_index(tx))))
-        get, owner = index[name]
+        get, owners = index[name]
         tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=is_none)
-        validate_hyperparameters(owner(tx))
+        for owner in reversed(owners):  # the field's module, then each module holding it (a schedule's
+            validate_hyperparameters(owner(tx))  # new value must also suit its optimizer's learning rate)
     return tx
 
 
@@ -181,15 +193,17 @@ def _same_type(value: jax.Array, old: jax.Array) -> jax.Array:
 Getter = Callable[[Any], Any]
 
 
-def _hyperparameter_index(tx: Any, all_paths: bool = False) -> dict[str, tuple[Getter, Getter]]:
-    """Maps each hyperparameter's name to (getter of its value, getter of its owning module).
+def _hyperparameter_index(tx: Any, all_paths: bool = False) -> dict[str, tuple[Getter, tuple[Getter, ...]]]:
+    """Maps each hyperparameter's name to (getter of its value, getters of the modules holding
+    it, from the root to its own module).
 
     Short field names are used where unique; clashing names are qualified by their path.
     """
-    found: list[tuple[str, str, Getter, Getter]] = []
+    found: list[tuple[str, str, Getter, tuple[Getter, ...]]] = []
 
-    def visit(node: Any, path: str, get: Getter) -> None:
+    def visit(node: Any, path: str, get: Getter, owners: tuple[Getter, ...]) -> None:
         if isinstance(node, (AbstractTransform, AbstractSchedule)):
+            owners = (*owners, get)
             names = hyperparameter_names(node)
             for name in names:
                 getter = lambda t, get=get, name=name: getattr(get(t), name)
@@ -197,23 +211,23 @@ def _hyperparameter_index(tx: Any, all_paths: bool = False) -> dict[str, tuple[G
                 if isinstance(value, dict):  # a dict of hyperparameters (`inject_hyperparams`)
                     for key, entry in value.items():
                         entry_getter = lambda t, getter=getter, key=key: getter(t)[key]
-                        found.append((key, f"{path}.{name}[{key!r}]".lstrip("."), entry_getter, get))
-                        visit(entry, f"{path}.{name}[{key!r}]", entry_getter)
+                        found.append((key, f"{path}.{name}[{key!r}]".lstrip("."), entry_getter, owners))
+                        visit(entry, f"{path}.{name}[{key!r}]", entry_getter, owners)
                     continue
-                found.append((name, f"{path}.{name}".lstrip("."), getter, get))
-                visit(value, f"{path}.{name}", getter)  # a schedule's own numbers
+                found.append((name, f"{path}.{name}".lstrip("."), getter, owners))
+                visit(value, f"{path}.{name}", getter, owners)  # a schedule's own numbers
             for f in dataclasses.fields(node):
                 if f.name not in names and not f.metadata.get("static", False):
                     child = getattr(node, f.name)
-                    visit(child, f"{path}.{f.name}", lambda t, get=get, n=f.name: getattr(get(t), n))
+                    visit(child, f"{path}.{f.name}", lambda t, get=get, n=f.name: getattr(get(t), n), owners)
         elif isinstance(node, (tuple, list)):
             for i, child in enumerate(node):
-                visit(child, f"{path}[{i}]", lambda t, get=get, i=i: get(t)[i])
+                visit(child, f"{path}[{i}]", lambda t, get=get, i=i: get(t)[i], owners)
         elif isinstance(node, dict):
             for key, child in node.items():
-                visit(child, f"{path}[{key!r}]", lambda t, get=get, key=key: get(t)[key])
+                visit(child, f"{path}[{key!r}]", lambda t, get=get, key=key: get(t)[key], owners)
 
-    visit(tx, "", lambda t: t)
+    visit(tx, "", lambda t: t, ())
     return _named(found, all_paths)
 
 

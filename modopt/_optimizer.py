@@ -53,6 +53,17 @@ class Optimizer(eqx.Module):
     whole on one device; `zero_axis=` also splits it over a data-parallel mesh axis
     (ZeRO-1). Each step then keeps the parameters and the state on those shardings.
 
+    Args:
+        tx: the transform (`modopt.adam(1e-3)`, a chain, or an optax transform).
+        model: the model (an Equinox module or any pytree); its trainable leaves get a state.
+        wrt: which leaves to train: a predicate of a leaf (as in `eqx.partition`) or a tree of
+            bools shaped like (a prefix of) the model. It must select some floating or complex
+            array. Default: every floating and complex array.
+        shardings: the model's shardings (NamedShardings, or PartitionSpecs with `mesh`), to
+            create the state directly sharded.
+        mesh: the mesh that PartitionSpecs in `shardings` refer to.
+        zero_axis: a data-parallel mesh axis to split the state over (ZeRO-1).
+
     Per-example gradients: an optimizer that reduces a batch of gradients itself (`dpsgd`, or
     a chain that starts with `differentially_private_aggregate`; see
     `AbstractTransform.takes_per_example_updates`) takes every gradient with one leading batch
@@ -81,6 +92,8 @@ class Optimizer(eqx.Module):
         self.tx = owned_transform(tx, "Optimizer")
         self.wrt = as_static_tree(wrt)
         params = self.trainable(model)
+        if not jax.tree_util.tree_leaves(params):
+            raise ValueError(f"Optimizer: {_selects_nothing(wrt, model)}")
         self.signature = ModelSignature(model, params)
         if shardings is None:
             if mesh is not None or zero_axis is not None:
@@ -250,3 +263,24 @@ def _bytes(size: int) -> str:
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
+
+
+def _selects_nothing(wrt: Any, model: Any) -> str:
+    """Why an optimizer would train nothing: what `wrt` is, and what the model holds."""
+    arrays = [x for x in jax.tree_util.tree_leaves(model) if eqx.is_array(x)]
+    kinds = sorted({f"{x.dtype}" for x in arrays})
+    held = (
+        f"The model holds {len(arrays)} arrays (dtypes {', '.join(kinds)})"
+        if arrays
+        else "The model holds no arrays at all"
+    )
+    return (
+        f"`wrt` ({getattr(wrt, '__name__', None) or _short(wrt)}) selects no trainable parameter, so every step "
+        f"would change nothing. {held}; `wrt` must select floating or complex arrays (the default, "
+        "`eqx.is_inexact_array`, selects all of them)."
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
 
 from ._fields import FINITE as FINITE
 from ._fields import NONNEGATIVE as NONNEGATIVE
@@ -25,6 +24,7 @@ from ._fields import NONNEGATIVE_INTEGER as NONNEGATIVE_INTEGER
 from ._fields import POSITIVE as POSITIVE
 from ._fields import POSITIVE_INTEGER as POSITIVE_INTEGER
 from ._fields import PROBABILITY_EXCLUSIVE as PROBABILITY_EXCLUSIVE
+from ._fields import FINITE_NONNEGATIVE as FINITE_NONNEGATIVE
 from ._fields import UNIT as UNIT
 from ._fields import Check as Check
 from ._fields import as_static_tree, canonical_dtype
@@ -37,7 +37,6 @@ from ._fields import static as static
 from .schedules._base import scalar_or_schedule as scalar_or_schedule
 
 MISSING: Any = dataclasses.MISSING
-STEP_SIZE = Check(">= 0 and finite", lambda v: bool(np.all((v >= 0) & np.isfinite(v))))
 
 
 def learning_rate(default: Any = MISSING, **kwargs: Any):
@@ -47,7 +46,7 @@ def learning_rate(default: Any = MISSING, **kwargs: Any):
         default: the field's default; leave it out for a required field.
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
-    return scalar_or_schedule(default, check=STEP_SIZE, **kwargs)
+    return scalar_or_schedule(default, check=FINITE_NONNEGATIVE, **kwargs)
 
 
 def decay_rate(default: Any = MISSING, *, check: Check = PROBABILITY_EXCLUSIVE, **kwargs: Any):

@@ -130,6 +130,12 @@ class Inputs:
         return jax.make_mesh((1,), ("data",))
 
 
+def _step_with_float64_gradients(optimizer: modopt.Optimizer, params: Any) -> Any:
+    """A step with float64 gradients, with 64-bit types on (`jax_enable_x64`)."""
+    with jax.enable_x64(True):
+        return optimizer.step(params, jax.tree.map(lambda p: jnp.ones(p.shape, jnp.float64), params))
+
+
 def _snapshot(tree: Any) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return treedef, [np.array(x) if isinstance(x, (jax.Array, np.ndarray)) else x for x in leaves]
@@ -181,12 +187,26 @@ CASES = [
     Case("hyperparameters", "set_other_shape", lambda i: i.adam.set(learning_rate=jnp.ones(3)), ValueError, "Cannot set learning_rate to an array of shape (3,): it has shape ()"),
     Case("hyperparameters", "set_value_to_none", lambda i: i.sgd_momentum.set(momentum=None), ValueError, "Cannot set momentum from a value to None"),
     Case("hyperparameters", "set_schedule_on_number", lambda i: i.adam.set(learning_rate=modopt.cosine_decay_schedule(1e-2, 100)), ValueError, "learning_rate was given as a number when the optimizer was made"),
+    Case("hyperparameters", "learning_rate_list", lambda i: modopt.adam([0.1, 0.2]), ValueError, "Invalid learning_rate: [0.1 0.2] of shape (2,) (expected a scalar) in Adam."),
+    Case("hyperparameters", "learning_rate_inf", lambda i: modopt.adam(float("inf")), ValueError, "Invalid learning_rate: inf (must be >= 0 and finite) in Adam."),
+    Case("hyperparameters", "learning_rate_none", lambda i: modopt.adam(None), ValueError, "Invalid learning_rate: None (expected a number or a schedule (a callable of the step count)) in Adam."),
+    Case("hyperparameters", "learning_rate_string", lambda i: modopt.adam("0.1"), ValueError, "Invalid learning_rate: '0.1' of type str (expected a number or a schedule"),
+    Case("hyperparameters", "b1_none", lambda i: modopt.adam(1e-3, b1=None), ValueError, "Invalid b1: None (expected a number) in Adam."),
+    Case("hyperparameters", "weight_decay_none", lambda i: modopt.adamw(1e-3, weight_decay=None), ValueError, "Invalid weight_decay: None (expected a number or a schedule"),
+    Case("hyperparameters", "set_broadcastable_shape", lambda i: i.adam.set(learning_rate=jnp.ones((1,))), ValueError, "Cannot set learning_rate to an array of shape (1,): it has shape ()"),
+    Case("hyperparameters", "set_schedule_value_negative", lambda i: i.scheduled.set(init_value=-0.1), ValueError, "Invalid learning_rate: CosineDecaySchedule(init_value=-0.1, decay_steps=100, alpha=0.0, exponent=1.0) is -0.1 at step 0 (must be >= 0 and finite) in Adam."),
     # ---- schedules -----------------------------------------------------------------------
     Case("schedules", "cosine_decay_steps_zero", lambda i: modopt.cosine_decay_schedule(0.1, decay_steps=0), ValueError, "Invalid decay_steps: 0 (must be > 0)"),
     Case("schedules", "warmup_longer_than_decay", lambda i: modopt.warmup_cosine_decay_schedule(0.0, 1.0, 10, 5), ValueError, "Invalid decay_steps: 5 (must be > warmup_steps"),
     Case("schedules", "exponential_transition_zero", lambda i: modopt.exponential_decay(0.1, transition_steps=0, decay_rate=0.5), ValueError, "Invalid transition_steps: 0 (must be > 0) in ExponentialDecaySchedule"),
     Case("schedules", "join_counts", lambda i: modopt.join_schedules([modopt.constant_schedule(1.0)], [1, 2]), ValueError, "join_schedules needs one more schedule than boundaries: got 1 schedules and boundaries of shape (2,)"),
-    Case("schedules", "piecewise_negative_scale", lambda i: modopt.piecewise_constant_schedule(0.1, {10: -1.0}), ValueError, "scale -1.0 at boundary 10 (must be >= 0)"),
+    Case("schedules", "piecewise_negative_scale", lambda i: modopt.piecewise_constant_schedule(0.1, {10: -1.0}), ValueError, "scale -1.0 at boundary 10 (must be >= 0 and finite)"),
+    Case("schedules", "constant_negative_learning_rate", lambda i: modopt.adam(modopt.constant_schedule(-0.1)), ValueError, "Invalid learning_rate: ConstantSchedule(value=-0.1) is -0.1 at step 0 (must be >= 0 and finite) in Adam."),
+    Case("schedules", "learning_rate_turning_negative", lambda i: modopt.sgd(modopt.linear_schedule(0.1, -0.1, 100)), ValueError, "is -0.1 at step 100 (must be >= 0 and finite) in Sgd."),
+    Case("schedules", "polynomial_negative_power", lambda i: modopt.polynomial_schedule(1.0, 0.0, power=-1, transition_steps=10), ValueError, "Invalid power: -1 (must be >= 0 and finite) in PolynomialSchedule."),
+    Case("schedules", "end_value_nan", lambda i: modopt.linear_schedule(0.1, float("nan"), 100), ValueError, "Invalid end_value: nan (must be finite) in PolynomialSchedule."),
+    Case("schedules", "warmup_cosine_end_value_inf", lambda i: modopt.warmup_cosine_decay_schedule(0.0, 0.1, 10, 100, end_value=float("inf")), ValueError, "Invalid end_value: inf (must be finite) in WarmupCosineDecaySchedule."),
+    Case("schedules", "decay_steps_none", lambda i: modopt.cosine_decay_schedule(0.1, decay_steps=None), ValueError, "Invalid decay_steps: None (expected a number) in CosineDecaySchedule."),
     # ---- gradients -----------------------------------------------------------------------
     Case("gradients", "missing_entry", lambda i: i.adam.step(i.params, {"w": jnp.ones((3, 2))}), ValueError, "found no entry for 'b' in the dict at the root"),
     Case("gradients", "extra_entry", lambda i: i.adam.step(i.params, {**i.grads, "extra": jnp.ones(1)}), ValueError, "found unexpected entries 'extra' in the dict at the root"),
@@ -199,6 +219,7 @@ CASES = [
     Case("gradients", "per_example_to_adam", lambda i: i.adam.step(i.params, jax.tree.map(lambda g: jnp.stack([g, g]), i.grads)), ValueError, "It looks like per-example gradients (a leading batch axis of size 2)"),
     Case("gradients", "dpsgd_without_batch_axis", lambda i: modopt.Optimizer(modopt.dpsgd(0.1, 1.0, 1.0, seed=0), i.params).step(i.params, i.grads), ValueError, "this optimizer takes per-example gradients"),
     Case("gradients", "equinox_other_width", lambda i: i.model_optimizer.step(i.model, _mlp_grads(eqx.nn.MLP(2, 2, 5, 1, key=jax.random.key(0)))), ValueError, "found a MLP at the root whose static field width_size is 5, where 4 is expected"),
+    Case("gradients", "float64_for_float32", lambda i: _step_with_float64_gradients(i.adam, i.params), ValueError, "The gradient at ['b'] has dtype float64, wider than the parameter's float32: the update and the optimizer state would become float64"),
     Case("gradients", "equinox_leaf_shape", lambda i: i.model_optimizer.step(i.model, eqx.tree_at(lambda m: m.layers[1].weight, i.model_grads, jnp.ones((3, 4)))), ValueError, "gradient at .layers[1].weight has shape (3, 4), but the parameter has shape (2, 4)"),
     # ---- models and state ----------------------------------------------------------------
     Case("models", "swapped_model_and_grads", lambda i: i.model_optimizer.step(i.model_grads, i.model), ValueError, "the arguments look swapped"),
@@ -206,6 +227,9 @@ CASES = [
     Case("models", "state_for_other_parameters", lambda i: i.adam.step({"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}, {"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}), ValueError, "state at [0].mu['w'] has shape (3, 2)"),
     Case("models", "state_of_another_optimizer", lambda i: eqx.tree_at(lambda o: o.state, i.adam, i.sgd_momentum.state).step(i.params, i.grads), ValueError, "optimizer state does not belong to this transform (Adam)"),
     Case("models", "missing_params_for_decay", lambda i: modopt.add_decayed_weights(1e-2).update(i.grads, modopt.EmptyState()), ValueError, "AddDecayedWeights.update needs the current parameters"),
+    Case("models", "optimizer_of_a_class", lambda i: modopt.Optimizer(modopt.adam, i.params), TypeError, "Optimizer: got the class Adam, not a gradient transformation: call it to make one"),
+    Case("models", "optimizer_of_a_function", lambda i: modopt.Optimizer(modopt.nadam, i.params), TypeError, "Optimizer: got the function nadam, not a gradient transformation: call it to make one"),
+    Case("models", "wrt_selects_nothing", lambda i: modopt.Optimizer(modopt.sgd(0.1), i.params, wrt={"w": False, "b": False}), ValueError, "Optimizer: `wrt` ({'w': False, 'b': False}) selects no trainable parameter, so every step would change nothing"),
     # ---- extra arguments -----------------------------------------------------------------
     Case("extra arguments", "missing_value", lambda i: modopt.Optimizer(modopt.lbfgs(), i.params).step(i.params, i.grads), TypeError, "Optimizer.step needs the extra argument `value` (the loss at the current parameters)"),
     Case("extra arguments", "unknown", lambda i: i.adam.step(i.params, i.grads, valu=1.0), TypeError, "Optimizer.step got the extra argument `valu`, which no transform of Adam reads"),

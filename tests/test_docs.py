@@ -33,15 +33,6 @@ SUBMODULES = sorted(
     | {"modopt.catalog", "modopt.integrations.flax", "modopt.integrations.orbax"}
 )
 
-# Docstrings without a complete `Args:` section in files that are being rewritten elsewhere
-# right now. Each is an expected failure that must fail: once its section is written, this
-# test passes unexpectedly and says to remove the name here.
-PENDING_ARGS = {
-    "modopt.Optimizer": "modopt/_optimizer.py",
-    "modopt.check_state": "modopt/_checks.py",
-    "modopt.hyperparameters": "modopt/_hyperparameters.py",
-    "modopt.set_hyperparameters": "modopt/_hyperparameters.py",
-}
 
 
 def declared_names(module: types.ModuleType) -> set[str]:
@@ -217,30 +208,22 @@ def constructors_and_functions() -> dict[str, object]:
     return found
 
 
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
 def parameters(value: object) -> list[str]:
-    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    """The named parameters a docstring must describe (`*args` and `**kwargs` may be described)."""
     return [
         p.name
         for p in inspect.signature(value).parameters.values()
-        if p.kind not in kinds and p.name != "self" and not p.name.startswith("_")
+        if p.kind not in _VARIADIC and p.name != "self" and not p.name.startswith("_")
     ]
 
 
 CALLABLES = constructors_and_functions()
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            path,
-            marks=pytest.mark.xfail(strict=True, reason=f"Args section pending in {PENDING_ARGS[path]}"),
-        )
-        if path in PENDING_ARGS
-        else path
-        for path in CALLABLES
-    ],
-)
+@pytest.mark.parametrize("path", list(CALLABLES))
 def test_docstring_has_an_args_section_naming_every_parameter(path):
     value = CALLABLES[path]
     params = parameters(value)
@@ -250,10 +233,7 @@ def test_docstring_has_an_args_section_naming_every_parameter(path):
     assert described is not None, f"{path}{inspect.signature(value)}: the docstring has no `Args:` section"
     missing = [p for p in params if p not in described]
     assert not missing, f"{path}: the `Args:` section does not describe {missing}"
-    unknown = sorted(described - set(parameters(value)) - {"args", "kwargs"})
+    variadic = {p.name for p in inspect.signature(value).parameters.values() if p.kind in _VARIADIC}
+    unknown = sorted(described - set(params) - variadic)
     assert not unknown, f"{path}: the `Args:` section describes {unknown}, which are not parameters"
 
-
-def test_pending_names_exist():
-    """The expected failures above name real public callables (a rename would hide them)."""
-    assert set(PENDING_ARGS) <= set(CALLABLES), set(PENDING_ARGS) - set(CALLABLES)

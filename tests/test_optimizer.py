@@ -137,6 +137,21 @@ def test_bf16_model_stays_bf16():
         assert new.dtype == old.dtype == jnp.bfloat16
 
 
+def test_gradient_dtypes_narrower_or_canonicalized_are_taken():
+    """Only a gradient wider than its parameter is refused (tests/test_bad_input.py). NumPy
+    float64 gradients without x64 (JAX takes them as float32) step exactly as float32 ones;
+    bf16 gradients of float32 parameters keep the parameters and state float32."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 6, dtype=jnp.float32)}
+    grads = np.linspace(0.5, -0.5, 6)  # float64
+    optimizer = modopt.Optimizer(modopt.adam(0.1), params)
+    expected, _ = optimizer.step(params, {"w": jnp.asarray(grads, jnp.float32)})
+    new, stepped = optimizer.step(params, {"w": grads})
+    np.testing.assert_array_equal(new["w"], expected["w"])
+    new, stepped = optimizer.step(params, {"w": jnp.asarray(grads, jnp.bfloat16)})
+    assert new["w"].dtype == stepped.state[0].mu["w"].dtype == stepped.state[0].nu["w"].dtype == jnp.float32
+    np.testing.assert_allclose(new["w"], expected["w"], rtol=1e-2)  # bf16 rounding of g and g**2
+
+
 def test_hyperparameters_by_name():
     schedule = modopt.cosine_decay_schedule(0.1, decay_steps=10)
     optimizer = modopt.Optimizer(modopt.adamw(schedule, b1=0.8), {"w": jnp.ones(2)})

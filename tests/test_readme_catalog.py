@@ -6,6 +6,10 @@ import os
 import re
 import types
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
 import modopt
 
 README = os.path.join(os.path.dirname(__file__), "..", "README.md")
@@ -50,3 +54,7 @@ def test_the_quickstart_runs(capsys):
     exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
     out = capsys.readouterr().out
     assert "'steps': 1.0" in out and "grad_norm" in out, out[-2000:]
+    # The NaN guard skipped its step: the model is unchanged and the skip is counted.
+    guarded = namespace["guarded"]
+    assert int(guarded.state.total_notfinite) == 1 and int(guarded.state.inner_state[0].count) == 0
+    assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(eqx.filter(namespace["unchanged_model"], eqx.is_array)))

@@ -693,7 +693,7 @@ def test_warmup_exponential_decay_invalid_values():
 )
 def test_piecewise_negative_scale(build):
     with pytest.raises(
-        ValueError, match=re.escape("Invalid boundaries_and_scales: scale -0.1 at boundary 6 (must be >= 0)")
+        ValueError, match=re.escape("Invalid boundaries_and_scales: scale -0.1 at boundary 6 (must be >= 0 and finite)")
     ):
         build(modopt)
     with pytest.raises(ValueError):  # optax refuses it too
@@ -715,7 +715,7 @@ def test_piecewise_classes_check_their_arrays():
         modopt.PiecewiseInterpolateSchedule("linear", 1.0, [5, 2], [0.5, 0.5])
     with pytest.raises(ValueError, match=re.escape("shapes (2,) and (1,)")):
         modopt.PiecewiseConstantSchedule(1.0, [5, 7], [0.5])
-    with pytest.raises(ValueError, match=re.escape("Invalid scales: [ 0.5 -1. ] (must be >= 0)")):
+    with pytest.raises(ValueError, match=re.escape("Invalid scales: [ 0.5 -1. ] (must be >= 0 and finite)")):
         modopt.PiecewiseConstantSchedule(1.0, [5, 7], [0.5, -1.0])
 
 
@@ -823,7 +823,7 @@ def test_piecewise_linear_invalid_values():
     ):
         modopt.piecewise_linear_schedule(1.0, {-2: 0.5, 4: 0.1})
     with pytest.raises(
-        ValueError, match=re.escape("Invalid boundaries_and_scales: scale -1.0 at boundary 4 (must be >= 0)")
+        ValueError, match=re.escape("Invalid boundaries_and_scales: scale -1.0 at boundary 4 (must be >= 0 and finite)")
     ):
         modopt.piecewise_linear_schedule(1.0, {4: -1.0})
 
@@ -922,3 +922,52 @@ def test_new_schedules_drive_an_optimizer():
         oupdates, ostate = theirs.update(grads, ostate)
         _assert_close(updates["w"], oupdates["w"], "sgd with exponential_decay")
     assert float(modopt.hyperparameters(ours)["decay_rate"]) == 0.5
+
+
+# --- probe counts: where a learning-rate check looks at a schedule --------------------------------
+
+PROBED = {
+    "constant": modopt.constant_schedule(0.3),
+    "linear_up_late": modopt.linear_schedule(0.0, 1.0, 50, transition_begin=20),
+    "polynomial_square_root": modopt.polynomial_schedule(1.0, 0.1, power=0.5, transition_steps=80),
+    "cosine_exponent": modopt.cosine_decay_schedule(1.0, 90, alpha=0.2, exponent=2.0),
+    "cosine_alpha_above_one": modopt.cosine_decay_schedule(1.0, 90, alpha=1.5),
+    "warmup_cosine": modopt.warmup_cosine_decay_schedule(0.1, 1.0, 15, 120, end_value=0.05),
+    "exponential_floor": modopt.exponential_decay(1.0, 5, 0.5, transition_begin=10, end_value=0.2),
+    "exponential_ceiling": modopt.exponential_decay(0.1, 5, 2.0, end_value=3.0),
+    "exponential_staircase": modopt.exponential_decay(1.0, 7, 0.5, staircase=True),
+    "warmup_exponential": modopt.warmup_exponential_decay_schedule(0.0, 1.0, 10, 5, 0.5, 3, end_value=0.1),
+    "piecewise_constant": modopt.piecewise_constant_schedule(1.0, {30: 3.0, 60: 0.01}),
+    "piecewise_cosine": modopt.piecewise_interpolate_schedule("cosine", 0.5, {40: 4.0, 100: 0.1}),
+    "one_cycle": modopt.cosine_onecycle_schedule(150, 2.0),
+    "sgdr": modopt.sgdr_schedule([dict(init_value=0.0, peak_value=1.0, warmup_steps=5, decay_steps=50)] * 3),
+    "join": modopt.join_schedules([modopt.linear_schedule(1.0, 0.0, 40), modopt.constant_schedule(0.7)], [30]),
+}
+
+
+@pytest.mark.parametrize("name", list(PROBED))
+def test_probe_counts_hold_the_extreme_values(name):
+    """Every piece is monotone, so the least and greatest values over a dense run of steps (long
+    enough to reach every end) are among the values at `probe_counts()`."""
+    schedule = PROBED[name]
+    dense = np.asarray(jax.vmap(schedule)(jnp.arange(0, 400)))
+    probed = np.asarray([schedule(jnp.asarray(c)) for c in schedule.probe_counts()])
+    assert probed.min() <= dense.min() + 1e-6 and probed.max() >= dense.max() - 1e-6, (probed, dense.min(), dense.max())
+
+
+def test_a_learning_rate_schedule_is_checked_where_it_turns_negative_or_non_finite():
+    # Valid everywhere: accepted, also a growth without bound (a learning-rate range test).
+    modopt.adam(modopt.exponential_decay(1e-5, 10, 1.5))
+    modopt.sgd(modopt.piecewise_constant_schedule(0.1, {10: 0.0}))
+    # Negative only after a later boundary, or at the floor an exponential decay reaches.
+    later = modopt.join_schedules([modopt.constant_schedule(0.1), modopt.linear_schedule(0.1, -0.2, 10)], [50])
+    with pytest.raises(ValueError, match=re.escape("is -0.2 at step 60 (must be >= 0 and finite) in Adam.")):
+        modopt.adam(later)
+    floor = modopt.exponential_decay(0.1, 10, 2.0, end_value=-1.0)
+    with pytest.raises(ValueError, match=re.escape("is -1.0 at step 0 (must be >= 0 and finite) in Sgd.")):
+        modopt.sgd(floor)
+    # A plain function is probed at step 0.
+    with pytest.raises(ValueError, match=re.escape("is -0.1 at step 0")):
+        modopt.adam(lambda count: -0.1 + 0 * count)
+    # Weight decay takes any sign: its schedule is not checked.
+    modopt.adamw(1e-3, weight_decay=modopt.constant_schedule(-1e-4))

@@ -47,7 +47,6 @@ class Freeze(AbstractComposite):
 
     def __check_init__(self):
         _check_mask(self.mask, "freeze")
-        super().__check_init__()
 
     def build(self) -> AbstractTransform:
         return Masked(SetToZero(), self.mask)
@@ -86,7 +85,6 @@ class SelectiveTransform(AbstractComposite):
 
     def __check_init__(self):
         _check_mask(self.freeze_mask, "selective_transform")
-        super().__check_init__()
 
     def build(self) -> AbstractTransform:
         if callable(self.freeze_mask):

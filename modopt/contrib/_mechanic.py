@@ -115,7 +115,6 @@ class Mechanize(AbstractWrapper):
         self.num_betas = _as_int(num_betas)
 
     def __check_init__(self):
-        super().__check_init__()
         value = self.num_betas
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(

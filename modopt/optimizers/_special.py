@@ -80,7 +80,7 @@ class Rprop(AbstractComposite):
     Igel & Hüsken, 2003, https://doi.org/10.1016/S0925-2312(01)00700-7
     """
 
-    learning_rate: Any = hyperparameter(check=fields.STEP_SIZE)
+    learning_rate: Any = hyperparameter(check=fields.FINITE_NONNEGATIVE)
     eta_minus: Any = hyperparameter(0.5, check=SHRINK_FACTOR)
     eta_plus: Any = hyperparameter(1.2, check=GROWTH_FACTOR)
     min_step_size: Any = hyperparameter(1e-6, check=NONNEGATIVE)
@@ -191,7 +191,7 @@ class OptimisticAdam(AbstractComposite):
     https://arxiv.org/abs/1711.00141
     """
 
-    learning_rate: Any = hyperparameter(check=fields.STEP_SIZE)
+    learning_rate: Any = hyperparameter(check=fields.FINITE_NONNEGATIVE)
     optimism: Any = optimism_coefficient(None)
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)

@@ -43,6 +43,15 @@ class AbstractSchedule(eqx.Module):
     def __call__(self, count: jax.Array) -> jax.Array:
         """The value at step `count`."""
 
+    def probe_counts(self) -> tuple[Any, ...]:
+        """The steps where the schedule's extreme values lie: where its pieces start and end.
+
+        A schedule in a checked field (a learning rate must stay >= 0 and finite) is checked at
+        these steps when it is built or set. Each piece of modopt's schedules is monotone, so its
+        values lie between those at its ends; a plain function is probed at step 0 only.
+        """
+        return (0,)
+
     def __check_init__(self):
         validate_hyperparameters(self)
 
@@ -82,6 +91,9 @@ class MappedSchedule(AbstractSchedule):
 
     def __call__(self, count):
         return self.fn(self.schedule(count))
+
+    def probe_counts(self):
+        return self.schedule.probe_counts()
 
 
 def as_schedule(value: Any) -> Any:

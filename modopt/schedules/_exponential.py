@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
-from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, static
+from .._fields import FINITE, NONNEGATIVE, POSITIVE, hyperparameter, static
 from ._base import AbstractSchedule
 from ._schedules import JoinSchedules, as_count, linear_schedule
 
@@ -44,12 +45,18 @@ class ExponentialDecaySchedule(AbstractSchedule):
         0.25
     """
 
-    init_value: Any = hyperparameter()
+    init_value: Any = hyperparameter(check=FINITE)
     transition_steps: Any = hyperparameter(check=POSITIVE)
     decay_rate: Any = hyperparameter(check=POSITIVE)
-    transition_begin: Any = hyperparameter(default=0)
+    transition_begin: Any = hyperparameter(default=0, check=FINITE)
     staircase: bool = static(default=False)
-    end_value: Any = hyperparameter(default=None)
+    end_value: Any = hyperparameter(default=None, check=FINITE)
+
+    def probe_counts(self):
+        # Monotone from the start of the decay on, toward `end_value` or 0, reached (or
+        # underflowed to) by step 2**30 at any rate worth training with. A growth without an
+        # `end_value` grows without bound, as asked: it is probed at its start only.
+        return (0, max(np.asarray(self.transition_begin).item(), 0), *_far(self))
 
     def __call__(self, count):
         elapsed = as_count(count) - jnp.maximum(self.transition_begin, 0)
@@ -87,14 +94,14 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
             ceiling when above.
     """
 
-    init_value: Any = hyperparameter()
-    peak_value: Any = hyperparameter()
+    init_value: Any = hyperparameter(check=FINITE)
+    peak_value: Any = hyperparameter(check=FINITE)
     warmup_steps: Any = hyperparameter(check=NONNEGATIVE)
     transition_steps: Any = hyperparameter(check=POSITIVE)
     decay_rate: Any = hyperparameter(check=POSITIVE)
-    transition_begin: Any = hyperparameter(default=0)
+    transition_begin: Any = hyperparameter(default=0, check=FINITE)
     staircase: bool = static(default=False)
-    end_value: Any = hyperparameter(default=None)
+    end_value: Any = hyperparameter(default=None, check=FINITE)
 
     def as_join(self) -> JoinSchedules:
         """The same schedule written as a join of its two phases."""
@@ -112,6 +119,17 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
     def __call__(self, count):
         return self.as_join()(count)
 
+    def probe_counts(self):
+        warmup = np.asarray(self.warmup_steps).item()
+        begin = warmup + max(np.asarray(self.transition_begin).item(), 0)
+        return (0, warmup, begin, *(warmup + far for far in _far(self)))
+
 
 exponential_decay = ExponentialDecaySchedule
 warmup_exponential_decay_schedule = WarmupExponentialDecaySchedule
+
+
+def _far(schedule: ExponentialDecaySchedule | WarmupExponentialDecaySchedule) -> tuple[int, ...]:
+    """A step by which an exponential decay has reached its end (see `probe_counts`)."""
+    bounded = schedule.end_value is not None or np.asarray(schedule.decay_rate).item() < 1
+    return (2**30,) if bounded else ()

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import NONNEGATIVE, _shown, choice, hyperparameter, is_concrete
+from .._fields import FINITE, FINITE_NONNEGATIVE, _shown, choice, hyperparameter, is_concrete
 from ._base import AbstractSchedule, as_boundaries, as_vector
 from ._schedules import as_count
 
@@ -40,10 +40,10 @@ def _sorted_pieces(boundaries_and_scales: Mapping[Any, Any] | None, where: str) 
         return (), ()
     pieces = sorted(dict(boundaries_and_scales).items())
     for boundary, scale in pieces:
-        if is_concrete(scale) and not NONNEGATIVE.predicate(np.asarray(scale)):
+        if is_concrete(scale) and not FINITE_NONNEGATIVE.predicate(np.asarray(scale)):
             raise ValueError(
                 f"Invalid boundaries_and_scales: scale {_shown(scale)} at boundary {boundary} "
-                f"(must be >= 0) in {where}."
+                f"(must be {FINITE_NONNEGATIVE.description}) in {where}."
             )
     boundaries, scales = zip(*pieces)
     return boundaries, scales
@@ -63,9 +63,12 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     Build it from optax's `{boundary: scale}` dict with `piecewise_constant_schedule`.
     """
 
-    init_value: Any = hyperparameter()
-    boundaries: Any = hyperparameter(default=(), converter=as_boundaries)
-    scales: Any = hyperparameter(default=(), check=NONNEGATIVE, converter=_as_scales)
+    init_value: Any = hyperparameter(check=FINITE)
+    boundaries: Any = hyperparameter(default=(), converter=as_boundaries, ndim=1)
+    scales: Any = hyperparameter(default=(), check=FINITE_NONNEGATIVE, converter=_as_scales, ndim=1)
+
+    def probe_counts(self):
+        return (0, *np.asarray(self.boundaries).tolist())
 
     def __check_init__(self):
         _check_pieces(self)
@@ -136,9 +139,12 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
     """
 
     interpolate_type: str = choice(dataclasses.MISSING, tuple(_INTERPOLATE))
-    init_value: Any = hyperparameter()
-    boundaries: Any = hyperparameter(default=(), converter=as_boundaries)
-    scales: Any = hyperparameter(default=(), check=NONNEGATIVE, converter=_as_scales)
+    init_value: Any = hyperparameter(check=FINITE)
+    boundaries: Any = hyperparameter(default=(), converter=as_boundaries, ndim=1)
+    scales: Any = hyperparameter(default=(), check=FINITE_NONNEGATIVE, converter=_as_scales, ndim=1)
+
+    def probe_counts(self):
+        return (0, *np.asarray(self.boundaries).tolist())
 
     def __check_init__(self):
         _check_pieces(self)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, is_concrete
+from .._fields import FINITE, NONNEGATIVE, POSITIVE, FINITE_NONNEGATIVE, hyperparameter, is_concrete
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
 
 
@@ -39,7 +39,7 @@ class ConstantSchedule(AbstractSchedule):
         value: the value, a number.
     """
 
-    value: Any = hyperparameter()
+    value: Any = hyperparameter(check=FINITE)
 
     def __call__(self, count):
         return self.value
@@ -62,11 +62,15 @@ class PolynomialSchedule(AbstractSchedule):
         transition_begin: the step at which the transition starts; a negative one counts as 0.
     """
 
-    init_value: Any = hyperparameter()
-    end_value: Any = hyperparameter()
-    power: Any = hyperparameter()
-    transition_steps: Any = hyperparameter()
-    transition_begin: Any = hyperparameter(default=0)
+    init_value: Any = hyperparameter(check=FINITE)
+    end_value: Any = hyperparameter(check=FINITE)
+    power: Any = hyperparameter(check=FINITE_NONNEGATIVE)
+    transition_steps: Any = hyperparameter(check=FINITE)
+    transition_begin: Any = hyperparameter(default=0, check=FINITE)
+
+    def probe_counts(self):
+        begin = max(np.asarray(self.transition_begin).item(), 0)
+        return (0, begin, begin + max(np.asarray(self.transition_steps).item(), 1))
 
     def __call__(self, count):
         count = as_count(count)
@@ -109,10 +113,13 @@ class CosineDecaySchedule(AbstractSchedule):
     Reference: Loshchilov & Hutter, 2016, https://arxiv.org/abs/1608.03983
     """
 
-    init_value: Any = hyperparameter()
+    init_value: Any = hyperparameter(check=FINITE)
     decay_steps: Any = hyperparameter(check=POSITIVE)
-    alpha: Any = hyperparameter(default=0.0)
-    exponent: Any = hyperparameter(default=1.0)
+    alpha: Any = hyperparameter(default=0.0, check=FINITE)
+    exponent: Any = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
+
+    def probe_counts(self):
+        return (0, np.asarray(self.decay_steps).item())
 
     def __call__(self, count):
         steps = jnp.asarray(self.decay_steps, jnp.float32)
@@ -135,14 +142,13 @@ class JoinSchedules(AbstractSchedule):
     """
 
     schedules: tuple[AbstractSchedule, ...]
-    boundaries: Any = hyperparameter(converter=as_boundaries)
+    boundaries: Any = hyperparameter(converter=as_boundaries, ndim=1)
 
     def __init__(self, schedules: Sequence[Any], boundaries: Any):
         self.schedules = tuple(as_schedule(s) for s in schedules)
         self.boundaries = as_boundaries(boundaries)
 
     def __check_init__(self):
-        super().__check_init__()
         if jnp.shape(self.boundaries) != (len(self.schedules) - 1,):
             raise ValueError(
                 f"join_schedules needs one more schedule than boundaries: got {len(self.schedules)} "
@@ -156,6 +162,13 @@ class JoinSchedules(AbstractSchedule):
             boundary = self.boundaries[i]
             value = jnp.where(count < boundary, value, value_at(schedule, count - boundary))
         return value
+
+    def probe_counts(self):
+        # Each schedule runs from its boundary to the step before the next one: its own probes
+        # there, and both ends of that window.
+        starts = (0, *np.asarray(self.boundaries).tolist())
+        counts = {start + count for start, schedule in zip(starts, self.schedules) for count in schedule.probe_counts()}
+        return tuple(sorted(counts | set(starts) | {start - 1 for start in starts[1:] if start > 0}))
 
 
 class WarmupCosineDecaySchedule(AbstractSchedule):
@@ -172,12 +185,12 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
         exponent: the power applied to the cosine factor, > 0 (1 for the plain cosine).
     """
 
-    init_value: Any = hyperparameter()
-    peak_value: Any = hyperparameter()
+    init_value: Any = hyperparameter(check=FINITE)
+    peak_value: Any = hyperparameter(check=FINITE)
     warmup_steps: Any = hyperparameter(check=NONNEGATIVE)
     decay_steps: Any = hyperparameter(check=POSITIVE)
-    end_value: Any = hyperparameter(default=0.0)
-    exponent: Any = hyperparameter(default=1.0)
+    end_value: Any = hyperparameter(default=0.0, check=FINITE)
+    exponent: Any = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
 
     def __check_init__(self):
         if is_concrete(self.decay_steps) and is_concrete(self.warmup_steps):
@@ -197,6 +210,9 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
 
     def __call__(self, count):
         return self.as_join()(count)
+
+    def probe_counts(self):
+        return (0, np.asarray(self.warmup_steps).item(), np.asarray(self.decay_steps).item())
 
 
 constant_schedule = ConstantSchedule

@@ -51,7 +51,7 @@ class ScaleByRprop(AbstractTransform):
     Igel & Hüsken, 2003, https://doi.org/10.1016/S0925-2312(01)00700-7
     """
 
-    learning_rate: Any = hyperparameter(check=fields.STEP_SIZE)
+    learning_rate: Any = hyperparameter(check=fields.FINITE_NONNEGATIVE)
     eta_minus: Any = hyperparameter(0.5, check=SHRINK_FACTOR)
     eta_plus: Any = hyperparameter(1.2, check=GROWTH_FACTOR)
     min_step_size: Any = hyperparameter(1e-6, check=NONNEGATIVE)

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import as_hyperparameter, hyperparameter, validate_hyperparameters
-from ..fields import STEP_SIZE
+from ..fields import FINITE_NONNEGATIVE
 from .._updates import apply_updates
 from ..combinators import Chain
 from ..transforms import AddDecayedWeights, ClipByGlobalNorm
@@ -292,4 +292,4 @@ def weight_decay_after_learning_rate(weight_decay_rate: Any) -> AbstractTransfor
 
 def learning_rate_field(default: Any):
     """A trax learning rate: a finite number >= 0 (trax's schedules set it through `opt_params`)."""
-    return hyperparameter(default, check=STEP_SIZE)
+    return hyperparameter(default, check=FINITE_NONNEGATIVE)

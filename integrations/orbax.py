@@ -156,6 +156,8 @@ class CheckpointManager:
         other manager writes to the directory.
         """
         step = _step(step, "save")
+        if not self._finalizer.alive:
+            raise ValueError(f"save: this CheckpointManager of {self.directory} is closed; make a new one to save there.")
         if not items:
             raise ValueError("save needs at least one item, e.g. save(step, model=model, optimizer=optimizer).")
         for name, item in items.items():

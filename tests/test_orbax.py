@@ -292,6 +292,10 @@ def test_a_step_is_saved_once_and_in_increasing_order_unless_overwritten(tmp_pat
         manager.wait_until_finished()
         assert manager.all_steps() == [3]
         assert float(manager.restore(3, params=ones)["params"]["w"][0]) == 0.0
+    # A save after `close()` once hung for minutes in Orbax's threads.
+    with pytest.raises(ValueError, match=re.escape(f"save: this CheckpointManager of {tmp_path} is closed; make a new one")):
+        manager.save(4, params=ones)
+    assert manager.all_steps() == [3] and not (tmp_path / "modopt-writer.lock").exists()
 
 
 # ---- one writer per directory ----------------------------------------------------------------

@@ -148,9 +148,12 @@ class NnxOptimizer(nnx.Pytree):
         leaves, self._tx_def = jax.tree_util.tree_flatten(tx)
         self._hyperparameters = nnx.List([Hyperparameter(leaf) for leaf in leaves])
         self.wrt = wrt
+        # What is trained: the `wrt` variables holding floating or complex arrays (as in
+        # `modopt.Optimizer`, integer and boolean variables are never updated and get no state).
+        self._trained = nnx.All(wrt, _holds_inexact_array)
         self.step = OptimizerState(jnp.array(0, jnp.uint32))
-        params = nnx.as_pure(nnx.state(model, wrt))
-        if not any(_is_inexact(leaf) for leaf in jax.tree_util.tree_leaves(params)):
+        params = nnx.as_pure(nnx.state(model, self._trained))
+        if not jax.tree_util.tree_leaves(params):
             raise ValueError(_selects_nothing(model, wrt))
         if shardings is None:
             opt_state = owned_init(tx, params)
@@ -203,14 +206,14 @@ class NnxOptimizer(nnx.Pytree):
         """
         tx = self.tx
         declared = check_extra_args(tx, extra_args, "NnxOptimizer.update")
-        graphdef, params, rest = nnx.split(model, self.wrt, ...)
+        graphdef, params, rest = nnx.split(model, self._trained, ...)
         to_model = lambda p: nnx.merge(graphdef, p, rest)  # noqa: E731
-        to_params = lambda tree: nnx.as_pure(nnx.state(tree, self.wrt))  # noqa: E731
+        to_params = lambda tree: nnx.as_pure(nnx.state(tree, self._trained))  # noqa: E731
         extra_args = adapt_to_params(declared, nnx.as_pure(extra_args), to_model, to_params)
         params = nnx.as_pure(params)
         per_example = tx.takes_per_example_updates()
         grads = _checked_gradients(
-            tx, params, _wrt_gradients(grads, self.wrt), per_example, "NnxOptimizer.update", **_nnx_advice(self.wrt)
+            tx, params, _wrt_gradients(grads, self._trained), per_example, "NnxOptimizer.update", **_nnx_advice(self.wrt)
         )
         opt_state = nnx.as_pure(self.opt_state)
         check_state(tx, opt_state, params)
@@ -236,7 +239,7 @@ _LINEN = dict(
 def _nnx_advice(wrt: Any) -> dict[str, str]:
     """How the messages of `align_gradients` speak of an NNX model's `wrt` variables."""
     return dict(
-        of=f"the model's variables selected by wrt={_filter_name(wrt)}",
+        of=f"the model's floating-point variables selected by wrt={_filter_name(wrt)}",
         how=(
             "`nnx.grad(loss)(model)` (it differentiates the `nnx.Param` variables; for another `wrt`, "
             "`nnx.grad(loss, argnums=nnx.DiffState(0, wrt))`)"
@@ -271,6 +274,11 @@ def _wrt_gradients(grads: Any, wrt: Any) -> Any:
 
 def _is_inexact(leaf: Any) -> bool:
     return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)
+
+
+def _holds_inexact_array(path: Any, variable: Any) -> bool:
+    """An NNX filter: a variable holding a floating or complex array."""
+    return _is_inexact(variable.get_value() if isinstance(variable, nnx.Variable) else variable)
 
 
 def _filter_name(wrt: Any) -> str:

@@ -284,6 +284,28 @@ def test_nnx_wrt_filter_trains_exactly_what_it_selects():
     np.testing.assert_array_equal(model.bias.get_value(), bias)
 
 
+
+def test_nnx_integer_variables_that_wrt_selects_are_never_updated():
+    """As in `modopt.Optimizer`: a `wrt` selecting an integer variable trains only the floating
+    ones; the integer one gets no state and keeps its value."""
+
+    class Count(nnx.Variable):
+        pass
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.linear = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+            self.seen = Count(jnp.array(7, jnp.int32))
+
+    net = Net()
+    optimizer = NnxOptimizer(net, modopt.sgd(0.1), wrt=nnx.Any(nnx.Param, Count))
+    assert len(jax.tree.leaves(nnx.as_pure(optimizer.opt_state))) == 0  # plain SGD: no state at all
+    kernel = np.asarray(net.linear.kernel.get_value())
+    grads = nnx.grad(lambda n: jnp.sum(n.linear(jnp.ones(3)) ** 2))(net)
+    optimizer.update(net, grads)
+    np.testing.assert_allclose(net.linear.kernel.get_value(), kernel - 0.1 * np.asarray(grads.linear.kernel.get_value()), rtol=1e-6)
+    assert int(net.seen.get_value()) == 7
+
 def test_nnx_update_takes_the_pure_state_of_the_gradients_as_it_is():
     model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
     before = jax.tree.map(np.asarray, nnx.as_pure(nnx.state(model, nnx.Param)))

@@ -52,6 +52,7 @@ from ._fields import rate as rate
 from ._fields import static as static
 from ._hyperparameters import hyperparameters as hyperparameters
 from ._hyperparameters import set_hyperparameters as set_hyperparameters
+from ._jit_step import jit_step as jit_step
 from ._moments import bias_correction as bias_correction
 from ._moments import update_infinity_moment as update_infinity_moment
 from ._moments import update_moment as update_moment

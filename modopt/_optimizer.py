@@ -33,7 +33,7 @@ class Optimizer(eqx.Module):
     """A transform (with its hyperparameters), its state and a step count, as one module.
 
     `optimizer.step(model, grads)` returns `(new_model, new_optimizer)`. It is pure: use it
-    inside `eqx.filter_jit` (or `jax.jit`) with the model and optimizer donated.
+    inside `modopt.jit_step` (or `eqx.filter_jit`, `jax.jit`) with the model and optimizer donated.
 
     Only the leaves selected by `wrt` are trained (default: floating and complex arrays);
     everything else in the model (integer and boolean arrays, functions, static fields)
@@ -43,7 +43,7 @@ class Optimizer(eqx.Module):
     Example:
         >>> model = eqx.nn.MLP(2, 1, 32, 2, key=jax.random.key(0))
         >>> optimizer = modopt.Optimizer(modopt.adam(1e-3), model)
-        >>> @eqx.filter_jit(donate="all")
+        >>> @modopt.jit_step
         ... def train_step(model, optimizer, x, y):
         ...     grads = eqx.filter_grad(loss)(model, x, y)
         ...     return optimizer.step(model, grads)

@@ -362,16 +362,36 @@ def _host_words(x: np.ndarray) -> np.ndarray:
     return flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[size]).astype(np.uint32).reshape(x.shape)
 
 
+def _host_checksum(words: np.ndarray) -> tuple[int, int]:
+    """`_checksum` of `uint32` words on the host: NumPy's `uint32` arithmetic wraps modulo 2**32
+    as XLA's does, term for term, so the two sums are the same numbers."""
+    index = (np.arange(words.size, dtype=np.uint64) % 2**32).astype(np.uint32).reshape(words.shape)
+    with np.errstate(over="ignore"):
+        a = (words ^ (index * np.uint32(0x9E3779B9))) * np.uint32(0x85EBCA6B)
+        a = a ^ (a >> np.uint32(13))
+        b = (words + index * np.uint32(0xC2B2AE35)) * np.uint32(0x27D4EB2F)
+        b = b ^ (b >> np.uint32(15))
+    return int(np.sum(a, dtype=np.uint32)), int(np.sum(b, dtype=np.uint32))
+
+
+# Below this many elements a checksum is computed on the host: no compilation for the arrays
+# of each new tree, and the bytes are read for writing anyway. Larger or multi-host arrays are
+# summed where they live.
+_HOST_ELEMENTS = 2**20
+
+
 def checksums(arrays: list[Any]) -> list[str]:
-    """One hex checksum per array, computed on the arrays' devices: one compiled call per set of
-    devices the arrays live on (usually one). NumPy arrays are turned into words on the host
-    (`_words` of words is the words themselves), so their checksum is that of the same bytes
-    on a device."""
-    arrays = [jnp.asarray(_host_words(np.asarray(x))) if not isinstance(x, jax.Array) else x for x in arrays]
+    """One hex checksum per array. NumPy arrays and small arrays of this process are summed on
+    the host; the others on their devices, one compiled call per set of devices they live on
+    (usually one). Both give the same numbers for the same bytes (`_words` of words is the
+    words themselves), whatever the sharding."""
+    found: list[str] = [""] * len(arrays)
     groups: dict[frozenset, list[int]] = {}
     for i, x in enumerate(arrays):
-        groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
-    found: list[str] = [""] * len(arrays)
+        if not isinstance(x, jax.Array) or (x.is_fully_addressable and x.size <= _HOST_ELEMENTS):
+            found[i] = "{:08x}{:08x}".format(*_host_checksum(_host_words(np.asarray(x))))
+        else:
+            groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
     for indices in groups.values():
         values = jax.device_get(_checksums([arrays[i] for i in indices]))
         for i, v in zip(indices, values):

@@ -507,3 +507,29 @@ def test_readme_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})
     assert "[50, 100] 100" in capsys.readouterr().out
+
+
+def test_host_and_device_checksums_are_the_same_numbers():
+    """Small arrays are summed on the host, large and multi-host ones on their devices: the two
+    must agree for every dtype, or a checkpoint written one way would fail to verify the other."""
+    from modopt.integrations import _records
+
+    rng = np.random.default_rng(0)
+    arrays = [
+        jnp.asarray(rng.normal(size=(37, 5)), jnp.float32),
+        jnp.asarray(rng.normal(size=(4,)), jnp.bfloat16),
+        jnp.asarray(rng.integers(-5, 5, size=(3, 3, 3)), jnp.int8),
+        jnp.asarray(rng.normal(size=(6,)) + 1j, jnp.complex64),
+        jnp.asarray(rng.random(7) > 0.5),
+        jnp.zeros(()),
+        jnp.asarray(rng.integers(0, 2**31, size=(1000,)), jnp.uint32),
+        jax.random.key_data(jax.random.key(3)),
+    ]
+    with jax.enable_x64(True):
+        arrays.append(jnp.asarray(rng.normal(size=(3, 2)), jnp.float64))
+        for x in arrays:
+            on_device = [int(v) for v in jax.device_get(_records._checksums([x]))[0]]
+            on_host = list(_records._host_checksum(_records._host_words(np.asarray(x))))
+            assert on_device == on_host, x.dtype
+    big = jnp.arange(_records._HOST_ELEMENTS + 1, dtype=jnp.float32)  # summed on its device
+    assert _records.checksums([big]) == ["{:08x}{:08x}".format(*_records._host_checksum(_records._host_words(np.asarray(big))))]

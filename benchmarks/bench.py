@@ -1,15 +1,25 @@
 """modopt against optax (and torch.optim when installed) on the same work, in one process.
 
-Run `python benchmarks/bench.py` (full sizes) or `python benchmarks/bench.py --size tiny` (the
-CI smoke run). Each timing is the median of repeated runs after warm-up. Cases:
+Run `python benchmarks/bench.py` (full sizes; writes benchmarks/results.txt and results.json)
+or `python benchmarks/bench.py --size tiny` (the CI smoke run; writes nothing unless `--out`).
+Each timing is the median of repeated runs after warm-up, with the runs being compared
+interleaved so that drift in the machine's load hits them alike. Cases:
 
-1. an Adam(W) step on one 16.8M-element float32 array, donated; with the fraction of the
-   machine's streaming bandwidth reached (measured here by a jitted `x + 1` on as many bytes);
+1. an AdamW step on one 16.8M-element float32 array, donated; with the fraction of the
+   machine's streaming bandwidth reached (measured here by a jitted, donated `x + 1` on as many
+   bytes: memory on a CPU, HBM on a GPU);
 2. the same on 1000 leaves of 16k elements;  3. on 1000 leaves of 16 elements;
-4. a full train step of an Equinox MLP of about 100k parameters;
+4. a full train step of an Equinox MLP of about 100k parameters: the documented pattern
+   (`modopt.jit_step`), `optimizer.step` under `jax.jit` and under `eqx.filter_jit`;
 5. compile time of the jitted step for 100 and 1000 leaves;
 6. traces when the learning rate changes and when the same optimizer is rebuilt;
-7. memory of the donated step against params + grads + state (does it run in place?).
+7. memory of the donated step against params + grads + state (does it run in place?);
+8. every named optimizer of the catalog against its optax counterpart, on the parameter tree
+   of the MLP of case 4, as a ratio.
+
+On a GPU the same cases run unchanged (torch.optim joins only when it has CUDA), and the
+bandwidth line gives AdamW's fraction of the measured HBM bandwidth and of the device's
+nominal peak.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -36,10 +47,22 @@ import optax
 
 import modopt
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 SIZES = {
-    "full": {"big": 4096 * 4096, "leaves": 1000, "leaf": 16384, "tiny_leaf": 16, "repeats": 20, "width": 290},
-    "tiny": {"big": 4096, "leaves": 20, "leaf": 64, "tiny_leaf": 4, "repeats": 3, "width": 16},
-}
+    "full": {
+        "big": 4096 * 4096, "leaves": 1000, "leaf": 16384, "tiny_leaf": 16, "repeats": 20, "width": 290,
+        "catalog": None, "catalog_repeats": 100,
+    },
+    "tiny": {
+        "big": 4096, "leaves": 20, "leaf": 64, "tiny_leaf": 4, "repeats": 3, "width": 16,
+        # Optimizers of three kinds of step (plain, with the loss value, with per-example gradients).
+        "catalog": ("adamw", "polyak_sgd", "dpsgd"), "catalog_repeats": 3,
+    },
+}  # fmt: skip
+
+# Nominal peak memory bandwidth (GB/s) of accelerators, by a substring of `device_kind`.
+NOMINAL_HBM_GBPS = {"H200": 4800.0, "H100 PCIe": 2000.0, "H100": 3350.0, "A100": 2039.0, "L4": 300.0}
 
 
 def median_seconds(run: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
@@ -47,13 +70,18 @@ def median_seconds(run: Callable[[], Any], repeats: int, warmup: int = 3) -> flo
 
 
 def compare(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -> dict[str, float]:
-    """Median seconds of each run, with the runs interleaved so that drift hits all alike."""
+    """Median seconds of each run, with the runs interleaved so that drift hits all alike.
+
+    The order alternates (forward, then backward): on short steps, whichever runs first after
+    another's run was measurably slower (up to 20% on a 0.1 ms step).
+    """
     for run in runs.values():
         for _ in range(warmup):
             jax.block_until_ready(run())
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, run in runs.items():
+    order = list(runs.items())
+    for repeat in range(repeats):
+        for name, run in order if repeat % 2 == 0 else reversed(order):
             start = time.perf_counter()
             jax.block_until_ready(run())
             times[name].append(time.perf_counter() - start)
@@ -68,21 +96,23 @@ def leaves_of(count: int, size: int) -> dict:
 # ---- the steps compared --------------------------------------------------------------------
 
 
-def modopt_step(tx):
-    """`(params, state, grads) -> (params, state)` with modopt's transform as an argument."""
+def modopt_step(tx, extra_args: Callable | None = None):
+    """`(params, state, grads) -> (params, state)` with modopt's transform as an argument (its
+    hyperparameters are arrays: a new value does not retrace)."""
 
-    @jax.jit
     def step(tx, params, state, grads):
-        updates, state = tx.update(grads, state, params)
+        grads, extra = extra_args(params, grads) if extra_args else (grads, {})
+        updates, state = tx.update(grads, state, params, **extra)
         return modopt.apply_updates(params, updates), state
 
-    donated = jax.jit(step.__wrapped__, donate_argnums=(1, 2))
+    donated = jax.jit(step, donate_argnums=(1, 2))
     return lambda params, state, grads: donated(tx, params, state, grads), donated
 
 
-def optax_step(tx):
+def optax_step(tx, extra_args: Callable | None = None):
     def step(params, state, grads):
-        updates, state = tx.update(grads, state, params)
+        grads, extra = extra_args(params, grads) if extra_args else (grads, {})
+        updates, state = tx.update(grads, state, params, **extra)
         return optax.apply_updates(params, updates), state
 
     donated = jax.jit(step, donate_argnums=(0, 1))
@@ -119,12 +149,19 @@ def adam_case(params: dict, repeats: int) -> dict:
 
 
 def torch_adamw(params: dict, repeats: int) -> dict:
-    """torch.optim.AdamW (fused, foreach, default) on CPU on the same tensors, if installed."""
+    """torch.optim.AdamW (fused, foreach, default) on the same tensors, if torch is installed:
+    on the CPU next to JAX's CPU backend, on CUDA next to JAX's GPU backend."""
     try:
         import torch
     except ImportError:
         return {}
-    tensors = [torch.nn.Parameter(torch.from_numpy(np.array(p))) for p in params.values()]
+    if jax.default_backend() == "cpu":
+        device, sync = "cpu", lambda: None
+    elif jax.default_backend() == "gpu" and torch.cuda.is_available():
+        device, sync = "cuda", torch.cuda.synchronize
+    else:
+        return {"torch": f"n/a (no torch device for JAX's {jax.default_backend()} backend)"}
+    tensors = [torch.nn.Parameter(torch.from_numpy(np.array(p)).to(device)) for p in params.values()]
     for t in tensors:
         t.grad = torch.full_like(t, 1e-3)
     times = {}
@@ -132,7 +169,12 @@ def torch_adamw(params: dict, repeats: int) -> dict:
         flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "default": {"foreach": False}}[variant]
         try:
             optimizer = torch.optim.AdamW(tensors, lr=1e-3, **flags)
-            times[f"torch {variant}"] = median_seconds(lambda o=optimizer: o.step(), repeats)
+
+            def run(o=optimizer):
+                o.step()
+                sync()
+
+            times[f"torch {variant}"] = median_seconds(run, repeats)
         except (RuntimeError, TypeError) as error:  # fused may be unavailable on this build
             times[f"torch {variant}"] = f"n/a ({error})"
     return times
@@ -152,28 +194,31 @@ def bandwidth(elements: int, repeats: int) -> float:
 
 
 def mlp_case(width: int, repeats: int) -> dict:
-    """A train step of an Equinox MLP, where per-call overhead dominates: modopt's
-    `Optimizer.step` under `jax.jit` (the model's arrays and the optimizer as arguments) and
-    under `eqx.filter_jit`, against optax under `jax.jit`."""
+    """A train step of an Equinox MLP, where per-call overhead is a large part of the step.
+
+    optax under `jax.jit` (the model's arrays and the state as arguments) against modopt's
+    `Optimizer.step` in the documented pattern (`modopt.jit_step`), under `jax.jit` (the
+    model's arrays and the optimizer as arguments), and under `eqx.filter_jit`.
+    """
     model = eqx.nn.MLP(64, 10, width, 2, key=jax.random.key(0))
     x, y = jnp.ones((32, 64)), jnp.zeros((32, 10))
     params, static = eqx.partition(model, eqx.is_array)
 
-    def loss(params):
-        return jnp.mean((jax.vmap(eqx.combine(params, static))(x) - y) ** 2)
+    def loss(model):
+        return jnp.mean((jax.vmap(model)(x) - y) ** 2)
 
-    def ours(params, optimizer):
-        return optimizer.step(params, jax.grad(loss)(params))
+    def train_step(model, optimizer):
+        return optimizer.step(model, eqx.filter_grad(loss)(model))
+
+    def ours_jax_jit(params, optimizer):
+        model, optimizer = train_step(eqx.combine(params, static), optimizer)
+        return eqx.filter(model, eqx.is_array), optimizer
 
     tx = optax.adamw(1e-3)
 
     def theirs(params, state):
-        updates, state = tx.update(jax.grad(loss)(params), state, params)
+        updates, state = tx.update(jax.grad(lambda p: loss(eqx.combine(p, static)))(params), state, params)
         return optax.apply_updates(params, updates), state
-
-    @eqx.filter_jit(donate="all")
-    def ours_filter_jit(model, optimizer):
-        return optimizer.step(model, eqx.filter_grad(lambda m: loss(eqx.filter(m, eqx.is_array)))(model))
 
     def looped(step, *state):
         state = list(state)
@@ -185,12 +230,14 @@ def mlp_case(width: int, repeats: int) -> dict:
         return run
 
     copy = lambda: jax.tree.map(jnp.copy, params)  # noqa: E731
+    optimizer = lambda: modopt.Optimizer(modopt.adamw(1e-3), model)  # noqa: E731
     times = compare(
         {
-            "modopt": looped(jax.jit(ours, donate_argnums=(0, 1)), copy(), modopt.Optimizer(modopt.adamw(1e-3), params)),
+            "modopt": looped(modopt.jit_step(train_step), eqx.combine(copy(), static), optimizer()),
             "optax": looped(jax.jit(theirs, donate_argnums=(0, 1)), copy(), tx.init(params)),
+            "modopt in jax.jit": looped(jax.jit(ours_jax_jit, donate_argnums=(0, 1)), copy(), optimizer()),
             "modopt in eqx.filter_jit": looped(
-                ours_filter_jit, eqx.combine(copy(), static), modopt.Optimizer(modopt.adamw(1e-3), model)
+                eqx.filter_jit(train_step, donate="all"), eqx.combine(copy(), static), optimizer()
             ),
         },
         repeats * 10,
@@ -199,7 +246,7 @@ def mlp_case(width: int, repeats: int) -> dict:
 
 
 def compile_case(count: int, size: int, repeats: int = 3) -> dict:
-    """Seconds to lower and compile a fresh jitted Adam(W) step (median, interleaved)."""
+    """Seconds to trace, lower and compile a fresh jitted AdamW step (median, interleaved)."""
     params = leaves_of(count, size)
     grads = jax.tree.map(jnp.ones_like, params)
     ours_tx, theirs_tx = modopt.adamw(1e-3), optax.adamw(1e-3)
@@ -223,20 +270,27 @@ def compile_case(count: int, size: int, repeats: int = 3) -> dict:
 
 
 def trace_case() -> dict:
-    """Traces of a jitted step when the learning rate changes and when the optimizer is rebuilt."""
+    """Traces of a jitted step when the learning rate changes and when the optimizer is rebuilt,
+    under `eqx.filter_jit` and `modopt.jit_step`; optax's closures retrace."""
     params = {"w": jnp.ones(8)}
     grads = {"w": jnp.ones(8)}
-    traces = {"modopt": 0, "optax": 0}
+    traces = {"modopt": 0, "modopt jit_step": 0, "optax": 0}
 
     @eqx.filter_jit
     def ours(params, optimizer):
         traces["modopt"] += 1
         return optimizer.step(params, grads)
 
-    optimizer = modopt.Optimizer(modopt.adam(1e-3), params)
-    ours(params, optimizer)
-    ours(params, optimizer.set(learning_rate=1e-4))  # a new learning rate
-    ours(params, modopt.Optimizer(modopt.adam(1e-3), params))  # the same optimizer, rebuilt
+    @modopt.jit_step
+    def ours_jit_step(params, optimizer):
+        traces["modopt jit_step"] += 1
+        return optimizer.step(params, grads)
+
+    for step in (ours, ours_jit_step):
+        optimizer = modopt.Optimizer(modopt.adam(1e-3), params)
+        p, optimizer = step(jax.tree.map(jnp.copy, params), optimizer)
+        p, optimizer = step(p, optimizer.set(learning_rate=1e-4))  # a new learning rate
+        step(p, modopt.Optimizer(modopt.adam(1e-3), params))  # the same optimizer, rebuilt
 
     def theirs_for(tx):
         @jax.jit
@@ -249,7 +303,7 @@ def trace_case() -> dict:
 
     for tx in (optax.adam(1e-3), optax.adam(1e-4), optax.adam(1e-3)):  # first, new rate, rebuilt
         theirs_for(tx)(params, tx.init(params))
-    return {"modopt retraces": traces["modopt"] - 1, "optax retraces": traces["optax"] - 1}
+    return {f"{name} retraces": count - 1 for name, count in traces.items()}
 
 
 def memory_case(count: int, size: int) -> dict:
@@ -269,49 +323,225 @@ def memory_case(count: int, size: int) -> dict:
     }
 
 
+# ---- the catalog ---------------------------------------------------------------------------
+
+
+def _quadratic(params):
+    return 0.5 * sum(jnp.sum(p**2) for p in jax.tree.leaves(params))
+
+
+def _value(params, grads):
+    return grads, {"value": _quadratic(params)}
+
+
+def _line_search(params, grads):
+    return grads, {"value": _quadratic(params), "grad": grads, "value_fn": _quadratic}
+
+
+def _per_example(params, grads):
+    return jax.tree.map(lambda g: jnp.broadcast_to(g, (4, *g.shape)), grads), {}
+
+
+def _same(name: str, *args: Any, **kwargs: Any):
+    """`modopt.name(*args)` and `optax.name(*args)`."""
+    return (lambda: getattr(modopt, name)(*args, **kwargs), lambda: getattr(optax, name)(*args, **kwargs), None)
+
+
+def _quiet(make: Callable[[], Any]) -> Any:
+    """Builds an optax transform that warns about a deprecation."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return make()
+
+
+# Every named optimizer (the lowercase constructors of `modopt.optimizers`), with its optax
+# counterpart built alike, and the extra work a step needs (`None`: none; else a function of
+# `(params, grads)` giving the gradients and extra arguments `update` takes).
+CATALOG: dict[str, tuple[Callable[[], Any], Callable[[], Any], Callable | None]] = {
+    **{
+        name: _same(name, 1e-3)
+        for name in (
+            "adabelief", "adadelta", "adafactor", "adagrad", "adam", "adamax", "adamaxw", "adamw", "adan",
+            "amsgrad", "fromage", "lamb", "lars", "lion", "nadam", "nadamw", "novograd", "optimistic_adam_v2",
+            "optimistic_gradient_descent", "radam", "rmsprop", "rprop", "sgd", "sign_sgd", "sm3", "yogi",
+        )
+    },
+    "optimistic_adam": (
+        lambda: modopt.optimistic_adam(1e-3, optimism=1e-3),
+        lambda: _quiet(lambda: optax.optimistic_adam(1e-3, optimism=1e-3)),
+        None,
+    ),
+    "noisy_sgd": (
+        lambda: modopt.noisy_sgd(1e-3, key=jax.random.key(0)),
+        lambda: optax.noisy_sgd(1e-3, key=jax.random.key(0)),
+        None,
+    ),
+    "polyak_sgd": (modopt.polyak_sgd, optax.polyak_sgd, _value),
+    "lbfgs": (modopt.lbfgs, optax.lbfgs, _line_search),
+    "dpsgd": (
+        lambda: modopt.dpsgd(1e-3, 1.0, 1.1, seed=0),
+        lambda: _quiet(lambda: optax.contrib.dpsgd(1e-3, 1.0, 1.1, 0)),
+        _per_example,
+    ),
+}  # fmt: skip
+
+
+def mlp_params(width: int) -> dict:
+    """The parameters of case 4's MLP (64 -> width -> width -> 10) as a dict of arrays."""
+    shapes = {"w0": (width, 64), "b0": (width,), "w1": (width, width), "b1": (width,), "w2": (10, width), "b2": (10,)}
+    keys = jax.random.split(jax.random.key(1), len(shapes))
+    return {name: 0.1 * jax.random.normal(k, shape) for (name, shape), k in zip(shapes.items(), keys)}
+
+
+def catalog_case(width: int, repeats: int, names: tuple[str, ...] | None = None) -> dict:
+    """Each named optimizer against optax, on the same parameters and gradients, donated.
+
+    "modopt" is the pure transform in `jax.jit`, written as optax's step is (the same work);
+    "modopt jit_step" is the documented pattern, `optimizer.step` in `modopt.jit_step`, which
+    also builds the new `Optimizer` object each step.
+    """
+    params = mlp_params(width)
+    grads = jax.tree.map(lambda p: 1e-2 * jnp.cos(p), params)
+    results = {}
+    for name in names or sorted(CATALOG):
+        make_ours, make_theirs, extra_args = CATALOG[name]
+        ours_tx, pure_tx, theirs_tx = make_ours(), make_ours(), make_theirs()
+
+        @modopt.jit_step
+        def documented(params, optimizer, grads, extra_args=extra_args):
+            grads, extra = extra_args(params, grads) if extra_args else (grads, {})
+            return optimizer.step(params, grads, **extra)
+
+        pure, _ = modopt_step(pure_tx, extra_args)
+        theirs, _ = optax_step(theirs_tx, extra_args)
+        copy = lambda: jax.tree.map(jnp.copy, params)  # noqa: E731
+        # Every state leaf its own buffer (an init may put one array in two places): all are donated.
+        owned = lambda tx, params: jax.tree.map(jnp.copy, tx.init(params))  # noqa: E731
+        ours_params, pure_params, their_params = copy(), copy(), copy()
+        results[name] = compare(
+            {
+                "modopt": Loop(pure, pure_params, owned(pure_tx, pure_params), grads),
+                "optax": Loop(theirs, their_params, owned(theirs_tx, their_params), grads),
+                "modopt jit_step": Loop(documented, ours_params, modopt.Optimizer(ours_tx, ours_params), grads),
+            },
+            repeats,
+        )
+    return results
+
+
 # ---- report --------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    device = jax.devices()[0]
+    kind = f", {device.device_kind}" if device.platform != "cpu" else ""
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {device.platform}{kind}"
+
+
+class Timer:
+    """Seconds spent in each case, for the report."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def __call__(self, case: str) -> None:
+        now = time.perf_counter()
+        self.seconds[case] = round(now - self.last, 1)
+        self.last = now
 
 
 def run(size: str) -> dict:
     s = SIZES[size]
+    start = time.perf_counter()
     results: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}",
+        "machine": machine(),
+        "backend": jax.default_backend(),
+        "device kind": jax.devices()[0].device_kind,
         "versions": {"jax": jax.__version__, "optax": optax.__version__, "modopt": modopt.__version__},
         "size": size,
     }
+    timer = Timer()
     big = {"w": jax.random.normal(jax.random.key(0), (s["big"],))}
     results["1 one big array"] = adam_case(big, s["repeats"])
     results["1 one big array"]["bandwidth GB/s"] = bandwidth(s["big"], s["repeats"]) / 1e9
+    timer("1")
     results["2 many 16k leaves"] = adam_case(leaves_of(s["leaves"], s["leaf"]), s["repeats"])
+    timer("2")
     results["3 many tiny leaves"] = adam_case(leaves_of(s["leaves"], s["tiny_leaf"]), s["repeats"])
+    timer("3")
     results["4 MLP train step"] = mlp_case(s["width"], s["repeats"])
+    timer("4")
     results["5 compile, 100 leaves"] = compile_case(min(100, s["leaves"]), s["tiny_leaf"])
     results["5 compile, 1000 leaves"] = compile_case(s["leaves"], s["tiny_leaf"])
+    timer("5")
     results["6 traces"] = trace_case()
+    timer("6")
     results["7 donated step memory"] = memory_case(s["leaves"], s["leaf"])
+    timer("7")
+    results["8 catalog"] = catalog_case(s["width"], s["catalog_repeats"], s["catalog"])
+    results["8 catalog parameters"] = sum(p.size for p in jax.tree.leaves(mlp_params(s["width"])))
+    timer("8")
+    results["seconds"] = time.perf_counter() - start
+    results["seconds by case"] = timer.seconds
     return results
 
 
-def table(results: dict) -> str:
+def bandwidth_line(results: dict) -> str:
+    """AdamW's bytes per second on the big array against the streaming bandwidth measured."""
     big = results["1 one big array"]
     adam_bytes = 28 * SIZES[results["size"]]["big"]  # reads p, g, mu, nu; writes p, mu, nu
+    achieved = adam_bytes / big["modopt"] / 1e9
+    streaming = big["bandwidth GB/s"]
+    memory = "HBM" if results.get("backend") == "gpu" else "memory"
+    line = (
+        f"bandwidth: modopt AdamW moves {achieved:.1f} GB/s (28 bytes per parameter) of the {streaming:.1f} GB/s "
+        f"a jitted x + 1 streams through {memory} here ({achieved / streaming:.0%})"
+    )
+    nominal = next((v for k, v in NOMINAL_HBM_GBPS.items() if k in results.get("device kind", "")), None)
+    if results.get("backend") == "gpu" and nominal:
+        line += f"; {achieved / nominal:.0%} of the nominal {nominal:.0f} GB/s of a {results['device kind']}"
+    return line
+
+
+def table(results: dict) -> str:
     lines = [f"modopt vs optax, {results['date']}, {results['machine']}, {results['versions']}", ""]
-    lines.append(f"{'case':28s} {'modopt':>12s} {'optax':>12s} {'ratio':>7s}  others")
+    lines.append(f"{'case':28s} {'modopt':>12s} {'optax':>12s} {'ratio':>7s}  others (ratio)")
     for name, row in results.items():
         if not isinstance(row, dict) or not isinstance(row.get("modopt"), float):
             continue
-        others = "  ".join(f"{k}: {_fmt(v, k)}" for k, v in row.items() if k not in ("modopt", "optax"))
-        ratio = row["modopt"] / row["optax"]
-        lines.append(f"{name:28s} {_fmt(row['modopt']):>12s} {_fmt(row['optax']):>12s} {ratio:7.2f}  {others}")
+        lines.append(f"{name:28s} {_fmt(row['modopt']):>12s} {_fmt(row['optax']):>12s} {row['modopt'] / row['optax']:7.2f}")
         for key, value in row.items():
+            if key in ("modopt", "optax"):
+                continue
             if key.startswith("torch") and isinstance(value, float):
-                lines.append(f"{'':28s} {'':12s} {'':12s} {row['modopt'] / value:7.2f}  (modopt / {key})")
-    achieved = adam_bytes / big["modopt"] / 1e9
-    lines.append(f"\nbandwidth: modopt Adam moves {achieved:.1f} GB/s of {big['bandwidth GB/s']:.1f} GB/s streaming "
-                 f"({achieved / big['bandwidth GB/s']:.0%})")
+                note = f"modopt / {key}: {row['modopt'] / value:.2f}"
+            elif key.startswith("modopt") and isinstance(value, float):
+                note = f"{key} / optax: {value / row['optax']:.2f}"
+            else:
+                note = ""
+            lines.append(f"{'':28s} {key + ': ' + _fmt(value, key):>40s}  {note}")
+    lines.append("\n" + bandwidth_line(results))
     lines.append(f"traces: {results['6 traces']}")
     lines.append(f"memory: {results['7 donated step memory']}")
+    catalog = results["8 catalog"]
+    lines.append(f"\n8 catalog: each named optimizer's donated step on the MLP's {results['8 catalog parameters']:,} parameters")
+    lines.append(
+        "modopt: the transform's update in jax.jit, as optax's; jit_step: optimizer.step in modopt.jit_step "
+        "(the documented pattern)"
+    )
+    lines.append(f"{'optimizer':28s} {'modopt':>12s} {'optax':>12s} {'ratio':>7s} {'jit_step':>12s} {'ratio':>7s}")
+    for name, row in catalog.items():
+        ratio, documented = row["modopt"] / row["optax"], row["modopt jit_step"] / row["optax"]
+        flag = "  <- slower than optax by more than 10%" if ratio > 1.10 else ""
+        lines.append(
+            f"{name:28s} {_fmt(row['modopt']):>12s} {_fmt(row['optax']):>12s} {ratio:7.2f} "
+            f"{_fmt(row['modopt jit_step']):>12s} {documented:7.2f}{flag}"
+        )
+    mean = lambda key: float(np.exp(np.mean([np.log(r[key] / r["optax"]) for r in catalog.values()])))  # noqa: E731
+    lines.append(f"{'geometric mean':28s} {'':12s} {'':12s} {mean('modopt'):7.2f} {'':12s} {mean('modopt jit_step'):7.2f}")
+    lines.append(f"\nwhole run: {results['seconds']:.0f} s (by case: {results['seconds by case']})")
     return "\n".join(lines)
 
 
@@ -327,12 +557,19 @@ def _fmt(value: Any, key: str = "") -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
-    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--out", help="folder for results.txt and results.json (default: benchmarks/ for --size full, none for tiny)"
+    )
     args = parser.parse_args(argv)
     results = run(args.size)
-    print(table(results))
-    if args.json:
-        with open(args.json, "w") as file:
+    text = table(results)
+    print(text)
+    out = args.out if args.out is not None else (HERE if args.size == "full" else None)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "results.txt"), "w") as file:
+            file.write(text + "\n")
+        with open(os.path.join(out, "results.json"), "w") as file:
             json.dump(results, file, indent=2)
     return results
 

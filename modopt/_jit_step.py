@@ -45,18 +45,56 @@ class _Static:
 jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.value), lambda value, _: _Static(value))
 
 
-def _split(leaves: list) -> tuple[list, tuple]:
-    """The array leaves, and the leaves with `_ARRAY` in the arrays' places."""
-    arrays = [x for x in leaves if isinstance(x, _ARRAY_TYPES)]
-    if len(arrays) == len(leaves):
-        return arrays, (_ARRAY,) * len(leaves)
-    return arrays, tuple(_ARRAY if isinstance(x, _ARRAY_TYPES) else x for x in leaves)
+# Whether a leaf of a type is an array: `isinstance` on `jax.Array` (an ABC) is slow per call.
+_IS_ARRAY: dict[type, bool] = {}
 
 
-def _merge(arrays: Sequence, statics: tuple) -> list:
-    """The inverse of `_split`."""
-    it = iter(arrays)
-    return [next(it) if s is _ARRAY else s for s in statics]
+class _Part:
+    """The structure of one argument or output: its treedef and non-array leaves (with
+    `_ARRAY` in the arrays' places), hashed once."""
+
+    __slots__ = ("hash", "statics", "treedef")
+
+    def __init__(self, treedef, statics: tuple):
+        self.treedef, self.statics = treedef, statics
+        try:
+            self.hash = hash((treedef, statics))
+        except TypeError:  # an unhashable leaf: an error where it is used as (part of) a key
+            self.hash = None
+
+    def __hash__(self):
+        if self.hash is None:
+            hash((self.treedef, self.statics))  # raises the TypeError naming the type
+        return self.hash
+
+    def __eq__(self, other):
+        return self is other or (
+            isinstance(other, _Part)
+            and self.hash == other.hash
+            and self.treedef == other.treedef
+            and self.statics == other.statics
+        )
+
+    def unflatten(self, arrays: Sequence) -> Any:
+        it = iter(arrays)
+        return self.treedef.unflatten([next(it) if s is _ARRAY else s for s in self.statics])
+
+
+def _split(leaves: list, treedef) -> tuple[list, _Part]:
+    """The array leaves, and the structure of the rest."""
+    arrays = []
+    statics = []
+    for x in leaves:
+        kind = type(x)
+        is_array = _IS_ARRAY.get(kind)
+        if is_array is None:
+            is_array = _IS_ARRAY[kind] = isinstance(x, _ARRAY_TYPES)
+        if is_array:
+            arrays.append(x)
+            statics.append(_ARRAY)
+        else:
+            statics.append(x)
+    return arrays, _Part(treedef, tuple(statics))
 
 
 class JitStep:
@@ -75,28 +113,24 @@ class JitStep:
 
     def _prepare(self, args: tuple, kwargs: dict):
         donated, kept = [], []
-        structure = []
+        parts = []
         outputs = self._outputs
         fed_back = 0
-        for i, arg in enumerate(args):
-            record = outputs.get(id(arg))
-            if record is not None and record[0]() is arg:
-                arrays, part = record[1], record[2]
-                fed_back += 1
-            else:
-                leaves, treedef = jax.tree_util.tree_flatten(arg)
-                arrays, statics = _split(leaves)
-                part = (treedef, statics)
-            (donated if i in self.donate_argnums else kept).extend(arrays)
-            structure.append(part)
-        kwargs_part = None
-        if kwargs:
-            leaves, treedef = jax.tree_util.tree_flatten(kwargs)
-            arrays, statics = _split(leaves)
-            kept.extend(arrays)
-            kwargs_part = (treedef, statics)
-        key = (tuple(structure), kwargs_part)
         try:
+            for i, arg in enumerate(args):
+                record = outputs.get(id(arg))
+                if record is not None and record[0]() is arg:
+                    arrays, part = record[1], record[2]
+                    fed_back += 1
+                else:
+                    arrays, part = _split(*jax.tree_util.tree_flatten(arg))
+                (donated if i in self.donate_argnums else kept).extend(arrays)
+                parts.append(part)
+            kwargs_part = None
+            if kwargs:
+                arrays, kwargs_part = _split(*jax.tree_util.tree_flatten(kwargs))
+                kept.extend(arrays)
+            key = (tuple(parts), kwargs_part)
             entry = self._compiled.get(key)
         except TypeError as error:  # an unhashable non-array leaf
             raise TypeError(
@@ -113,29 +147,27 @@ class JitStep:
         return entry[1], tuple(donated), tuple(kept)
 
     def _build(self, key) -> Callable[..., Any]:
-        structure, kwargs_part = key
+        parts, kwargs_part = key
         donate = self.donate_argnums
         fn = self.fn
 
         def step(donated, kept):
             donated, kept = iter(donated), iter(kept)
             args = []
-            for i, (treedef, statics) in enumerate(structure):
+            for i, part in enumerate(parts):
                 source = donated if i in donate else kept
-                args.append(treedef.unflatten([next(source) if s is _ARRAY else s for s in statics]))
+                args.append(part.treedef.unflatten([next(source) if s is _ARRAY else s for s in part.statics]))
             kwargs = {}
             if kwargs_part is not None:
-                treedef, statics = kwargs_part
-                kwargs = treedef.unflatten([next(kept) if s is _ARRAY else s for s in statics])
+                kwargs = kwargs_part.treedef.unflatten([next(kept) if s is _ARRAY else s for s in kwargs_part.statics])
             out = fn(*args, **kwargs)
             # Each element of a tuple output separately, so that each can be recognized when fed back.
-            parts = out if type(out) is tuple else (out,)
+            elements = out if type(out) is tuple else (out,)
             arrays, structures = [], []
-            for part in parts:
-                leaves, treedef = jax.tree_util.tree_flatten(part)
-                part_arrays, statics = _split(leaves)
-                arrays.append(part_arrays)
-                structures.append((treedef, statics))
+            for element in elements:
+                element_arrays, part = _split(*jax.tree_util.tree_flatten(element))
+                arrays.append(element_arrays)
+                structures.append(part)
             return arrays, _Static((type(out) is tuple, tuple(structures)))
 
         step.__name__ = getattr(fn, "__name__", "step")
@@ -148,10 +180,9 @@ class JitStep:
         is_tuple, structures = static.value
         outputs, records = [], {}
         for part_arrays, part in zip(arrays, structures):
-            treedef, statics = part
-            obj = treedef.unflatten(_merge(part_arrays, statics))
+            obj = part.unflatten(part_arrays)
             outputs.append(obj)
-            if isinstance(obj, _ARRAY_TYPES):  # one array (a loss): nothing to save
+            if _IS_ARRAY.get(type(obj)) or isinstance(obj, _ARRAY_TYPES):  # one array (a loss): nothing to save
                 continue
             try:
                 records[id(obj)] = (weakref.ref(obj, self._forget), part_arrays, part)

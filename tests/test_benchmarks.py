@@ -2,24 +2,45 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+
+import modopt
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import bench  # noqa: E402
 
 
-def test_benchmark_smoke_run(capsys):
-    results = bench.main(["--size", "tiny"])
+def test_benchmark_smoke_run(capsys, tmp_path):
+    results = bench.main(["--size", "tiny", "--out", str(tmp_path)])
     table = capsys.readouterr().out
     for case in ("1 one big array", "2 many 16k leaves", "3 many tiny leaves", "4 MLP train step",
                  "5 compile, 100 leaves", "5 compile, 1000 leaves"):
         assert results[case]["modopt"] > 0 and results[case]["optax"] > 0, case
         assert case in table
+    # The documented train step and the alternatives are all timed.
+    assert {"modopt in jax.jit", "modopt in eqx.filter_jit"} <= set(results["4 MLP train step"])
     # No retrace when the learning rate changes or the optimizer is rebuilt.
     assert results["6 traces"]["modopt retraces"] == 0
+    assert results["6 traces"]["modopt jit_step retraces"] == 0
     # The donated step runs in place: XLA reuses every byte of the params and state.
     memory = results["7 donated step memory"]
     assert memory["aliased (reused) bytes"] == memory["params+state bytes"]
     assert memory["temporary bytes"] < memory["params+state bytes"]
+    # A row per optimizer run, each with a ratio in the table.
+    for name in bench.SIZES["tiny"]["catalog"]:
+        row = results["8 catalog"][name]
+        assert row["modopt"] > 0 and row["optax"] > 0
+        assert any(line.startswith(name) for line in table.splitlines())
+    assert "bandwidth: modopt AdamW moves" in table
+    # Written where asked, the JSON with every case.
+    assert (tmp_path / "results.txt").read_text().startswith("modopt vs optax")
+    assert set(json.loads((tmp_path / "results.json").read_text())) == set(results)
+
+
+def test_catalog_covers_every_named_optimizer():
+    """Every lowercase optimizer constructor has a row (with its optax counterpart) in the full run."""
+    names = {n for n in dir(modopt.optimizers) if n[0].islower() and callable(getattr(modopt.optimizers, n))}
+    assert names == set(bench.CATALOG)

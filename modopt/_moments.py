@@ -26,7 +26,8 @@ def update_moment(updates: Updates, moments: Updates, decay: Any, order: int) ->
         decay: the decay rate, in [0, 1].
         order: the power of `g`, an integer >= 1.
     """
-    return map_updates(lambda g, m: (1 - decay) * (g**order) + decay * m, updates, moments)
+    complement = 1 - decay  # once, not per leaf: the same value, a smaller program
+    return map_updates(lambda g, m: complement * (g**order) + decay * m, updates, moments)
 
 
 def update_moment_per_elem_norm(updates: Updates, moments: Updates, decay: Any, order: int) -> Updates:
@@ -45,7 +46,8 @@ def update_moment_per_elem_norm(updates: Updates, moments: Updates, decay: Any, 
         half = order / 2
         return abs_sq(g) ** (int(half) if float(half).is_integer() else half)
 
-    return map_updates(lambda g, m: (1 - decay) * power_of_norm(g) + decay * m, updates, moments)
+    complement = 1 - decay
+    return map_updates(lambda g, m: complement * power_of_norm(g) + decay * m, updates, moments)
 
 
 def update_infinity_moment(updates: Updates, moments: Updates, decay: Any, eps: Any) -> Updates:

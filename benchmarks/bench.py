@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = {
     "full": {
         "big": 4096 * 4096, "leaves": 1000, "leaf": 16384, "tiny_leaf": 16, "repeats": 20, "width": 290,
-        "catalog": None, "catalog_repeats": 100,
+        "catalog": None, "catalog_repeats": 300,
     },
     "tiny": {
         "big": 4096, "leaves": 20, "leaf": 64, "tiny_leaf": 4, "repeats": 3, "width": 16,

@@ -184,6 +184,8 @@ class JitStep:
             outputs.append(obj)
             if _IS_ARRAY.get(type(obj)) or isinstance(obj, _ARRAY_TYPES):  # one array (a loss): nothing to save
                 continue
+            if part_arrays and isinstance(part_arrays[0], jax.core.Tracer):  # called inside a trace: keep nothing
+                continue
             try:
                 records[id(obj)] = (weakref.ref(obj, self._forget), part_arrays, part)
             except TypeError:  # not weakly referenceable (a tuple, a dict): flattened when fed back

@@ -149,3 +149,16 @@ def test_unhashable_static_leaf_is_a_clear_error():
     step = modopt.jit_step(lambda x, config: x, donate_argnums=())
     with pytest.raises(TypeError, match="must be hashable"):
         step(jnp.ones(2), bytearray(b"not hashable"))
+
+
+def test_inside_an_outer_jit():
+    """Called while tracing (jit_step inside jax.jit), it traces through and keeps no tracer."""
+    step = modopt.jit_step(body, donate_argnums=())
+    model = make()
+    optimizer = modopt.Optimizer(modopt.sgd(0.1), model)
+    outer = eqx.filter_jit(lambda m, o: step(m, o, (X, Y)))
+    a = outer(model, optimizer)
+    b = eqx.filter_jit(body)(model, optimizer, (X, Y))
+    for x, y in zip(jax.tree_util.tree_leaves(eqx.filter(a, eqx.is_array)), jax.tree_util.tree_leaves(eqx.filter(b, eqx.is_array))):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
+    assert not step._outputs

@@ -5,7 +5,9 @@ into arrays and the rest, catches warnings, installs a logging filter and waits 
 marker array (so that `eqx.error_if` errors surface), which costs a few hundred
 microseconds and stops the next step from being dispatched while this one runs. A training
 step needs less: `jit_step` flattens the arguments once, keys a cache by their structure and
-non-array leaves, and hands the arrays to a `jax.jit` function as flat tuples.
+non-array leaves, and hands the arrays to a `jax.jit` function as flat tuples. The model and
+optimizer it returned are recognized when they come back as arguments (by identity: Equinox
+modules are immutable) and are not flattened again.
 """
 
 from __future__ import annotations
@@ -225,9 +227,9 @@ def jit_step(fn: Callable[..., Any] | None = None, *, donate_argnums: Sequence[i
 
     It does less per call than `eqx.filter_jit(donate=...)` (see the module docstring): the
     step is dispatched without waiting for the previous one to finish, and a small model's
-    step costs about what `jax.jit` on its arrays costs. What it does not do: `eqx.error_if`
+    step costs about what `jax.jit` on its arrays costs. What it does differently: `eqx.error_if`
     errors surface as JAX's runtime error (when a result is read), not as Equinox's annotated
-    one, and donated arguments that no output can reuse are not reported.
+    one, and JAX's warning about donated buffers that no output can reuse is not silenced.
 
     A new hyperparameter (`optimizer.set(learning_rate=...)`) or a rebuilt optimizer with the
     same configuration does not compile again: only the arrays changed.

@@ -111,9 +111,7 @@ class Rate(eqx.Module):
 
     def __rsub__(self, other):
         if isinstance(other, (int, float)) and other == 1:
-            # The forward value is the stored complement; the gradient is that of `1 - value`.
-            approximate = 1 - jnp.asarray(self.value)
-            return approximate + jax.lax.stop_gradient(jnp.asarray(self.complement) - approximate)
+            return _one_minus(jnp.asarray(self.value), jnp.asarray(self.complement))
         return other - jnp.asarray(self.value)
 
     # Everything else is arithmetic on the value.
@@ -149,6 +147,19 @@ class Rate(eqx.Module):
 
     def __repr__(self):
         return repr(_Number(np.asarray(self.value)[()])) if is_concrete(self.value) else "Rate(traced)"
+
+
+@jax.custom_jvp
+def _one_minus(value: jax.Array, complement: jax.Array) -> jax.Array:
+    """`1 - value`, whose value is the stored `complement` (no arithmetic in the compiled step)
+    and whose derivative is that of `1 - value`."""
+    return complement
+
+
+@_one_minus.defjvp
+def _one_minus_jvp(primals, tangents):
+    (_, complement), (value_tangent, _) = primals, tangents
+    return complement, -value_tangent
 
 
 def as_rate(value: Any) -> Any:

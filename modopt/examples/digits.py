@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import time
-import warnings
 
 import equinox as eqx
 import jax
@@ -59,10 +58,10 @@ def loss_fn(model: eqx.nn.MLP, x: jax.Array, y: jax.Array) -> jax.Array:
     return -jnp.mean(jnp.take_along_axis(log_probs, y[:, None], axis=1))
 
 
-# The model and optimizer are donated: their buffers are reused for the outputs. The step
-# takes `(model, optimizer, batch)` in the order `optimizer.step` returns them, so XLA
-# matches each donated input buffer to the output of the same shape.
-@eqx.filter_jit(donate="all")
+# The model and optimizer are donated (`jit_step`'s default): their buffers are reused for the
+# outputs. The step takes `(model, optimizer, batch)` in the order `optimizer.step` returns
+# them, so XLA matches each donated input buffer to the output of the same shape.
+@modopt.jit_step
 def train_step(model, optimizer, batch):
     x, y = batch
     loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
@@ -187,10 +186,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
 
         # Compile before the loop, so that an interrupt during compilation is one during set-up.
         order = _order(args.seed, step // steps_per_epoch + 1, len(x_train))
-        with warnings.catch_warnings():
-            # Lowering by hand warns that the batch's buffers cannot be reused; calls do not.
-            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-            train_step.lower(model, optimizer, _batch(x_train, y_train, order, 0)).compile()
+        train_step.lower(model, optimizer, _batch(x_train, y_train, order, 0)).compile()
         accuracy.lower(model, x_test, y_test).compile()
         set_up_done_so_far()
 

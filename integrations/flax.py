@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
@@ -196,11 +197,12 @@ class NnxOptimizer(nnx.Pytree):
         `extra_args` reach the transform (e.g. the loss `value`); a function argument such as
         `value_fn` takes the model, as the loss does.
 
-        Only the gradients of the `wrt` variables are used (those of others are left out, as in
-        Flax); a pure state (`nnx.as_pure(grads)`), whose arrays carry no variable type to
-        filter by, is taken as the gradients of exactly those variables. They are checked against the model's `wrt` variables before anything changes (at
-        trace time under `nnx.jit`): another structure, or a gradient of another shape or dtype
-        kind, is a `ValueError` naming its path (and both shapes). A transform that takes
+        Only the gradients of the trained variables (the floating-point ones `wrt` selects) are
+        used, those of others are left out, as in Flax; a pure state (`nnx.as_pure(grads)`),
+        whose arrays carry no variable type to filter by, is taken as the gradients of exactly
+        those variables. They are checked against the trained variables before anything changes
+        (at trace time under `nnx.jit`): another structure, or a gradient of another shape or
+        dtype kind, is a `ValueError` naming its path (and both shapes). A transform that takes
         per-example gradients (`dpsgd`) takes every gradient with one leading batch axis, e.g.
         from `nnx.vmap(nnx.grad(loss), in_axes=(None, 0))(model, x)`.
         """
@@ -272,13 +274,9 @@ def _wrt_gradients(grads: Any, wrt: Any) -> Any:
     return grads
 
 
-def _is_inexact(leaf: Any) -> bool:
-    return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)
-
-
 def _holds_inexact_array(path: Any, variable: Any) -> bool:
     """An NNX filter: a variable holding a floating or complex array."""
-    return _is_inexact(variable.get_value() if isinstance(variable, nnx.Variable) else variable)
+    return eqx.is_inexact_array(variable.get_value() if isinstance(variable, nnx.Variable) else variable)
 
 
 def _filter_name(wrt: Any) -> str:

@@ -170,6 +170,11 @@ class AbstractTransform(eqx.Module):
 
     def __check_init__(self):
         validate_hyperparameters(self)
+        self._check_parts()
+
+    def _check_parts(self) -> None:
+        """Checks that need the transform's parts, after its own fields are validated (Equinox
+        runs each class's `__check_init__` once, so composites hook in here)."""
 
     # Flax's linen `TrainState` keeps `tx` as a static field, which JAX hashes.
     __hash__ = tree_hash
@@ -197,11 +202,10 @@ class AbstractComposite(AbstractTransform):
     def build(self) -> AbstractTransform:
         """The composition this transform stands for."""
 
-    def __check_init__(self):
-        # Its own fields first (errors name them as the caller wrote them); then building
-        # validates the parts, so a check across fields (say `min <= max`) that a part makes
-        # is written once, there, and still fails at construction.
-        validate_hyperparameters(self)
+    def _check_parts(self) -> None:
+        # After its own fields (errors name them as the caller wrote them), building validates
+        # the parts, so a check across fields (say `min <= max`) that a part makes is written
+        # once, there, and still fails at construction.
         self.build()
 
     def init(self, params):

@@ -88,11 +88,13 @@ class AbstractTransform(eqx.Module):
 
     A transform whose `update` takes per-example updates (every leaf with a leading batch
     axis) and reduces that axis sets `per_example_updates = True`; see
-    `takes_per_example_updates`.
+    `takes_per_example_updates`. One that acts element by element sets
+    `elementwise_updates = True`; see `acts_elementwise`.
     """
 
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = ()
     per_example_updates: ClassVar[bool] = False
+    elementwise_updates: ClassVar[bool] = False
 
     @abc.abstractmethod
     def init(self, params: Params) -> OptState:
@@ -129,6 +131,19 @@ class AbstractTransform(eqx.Module):
             return True
         parts = self.parts()
         return bool(parts) and parts[0].transform.takes_per_example_updates()
+
+    def acts_elementwise(self) -> bool:
+        """Whether every element of the new updates and state depends only on the same element
+        of the updates, parameters and state, and on scalars (step counts, hyperparameters).
+
+        Such a transform gives the same numbers on any regrouping of the elements into leaves,
+        so `Optimizer` may step many small leaves as a few flat buffers (`group_small_leaves`).
+        True for a transform whose class sets `elementwise_updates` (Adam's moments, a
+        learning rate); chains and composites answer for their parts. A check over all the
+        elements that no regrouping changes (`apply_if_finite`) keeps a transform elementwise;
+        a norm per leaf, a mask by leaf or a random key split per leaf does not.
+        """
+        return type(self).elementwise_updates
 
     def parts(self) -> tuple[Part, ...]:
         """The transforms this one applies, with where each one's state lies in this state.
@@ -220,6 +235,9 @@ class AbstractComposite(AbstractTransform):
     def parts(self):
         return (Part("", self.build(), _same),)
 
+    def acts_elementwise(self) -> bool:
+        return parts_act_elementwise(self)
+
 
 class AbstractWrapper(AbstractTransform):
     """A transform around one `inner` transform, whose state keeps the inner state in a field.
@@ -246,6 +264,12 @@ class AbstractWrapper(AbstractTransform):
 
     def parts(self):
         return (Part("", self.inner, operator.attrgetter(self.inner_state_field)),)
+
+
+def parts_act_elementwise(tx: AbstractTransform) -> bool:
+    """Whether `tx` applies transforms and every one of them acts elementwise."""
+    parts = tx.parts()
+    return bool(parts) and all(part.transform.acts_elementwise() for part in parts)
 
 
 def _same(state: OptState) -> OptState:

@@ -13,8 +13,9 @@ modules are immutable) and are not flattened again.
 from __future__ import annotations
 
 import functools
+import itertools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -47,17 +48,27 @@ class _Static:
 jax.tree_util.register_pytree_node(_Static, lambda s: ((), s.value), lambda value, _: _Static(value))
 
 
-# Whether a leaf of a type is an array: `isinstance` on `jax.Array` (an ABC) is slow per call.
+# Whether leaves of a type are arrays, as `isinstance` finds for the first one seen (tracers
+# included): `isinstance` on `jax.Array`, an ABC, is slow per leaf.
 _IS_ARRAY: dict[type, bool] = {}
+
+
+def _array_flags(leaves: list) -> list[bool]:
+    flags = list(map(_IS_ARRAY.get, map(type, leaves)))
+    if None in flags:
+        for x in leaves:
+            _IS_ARRAY.setdefault(type(x), isinstance(x, _ARRAY_TYPES))
+        flags = list(map(_IS_ARRAY.__getitem__, map(type, leaves)))
+    return flags
 
 
 class _Part:
     """The structure of one argument or output: its treedef and non-array leaves (with
-    `_ARRAY` in the arrays' places), hashed once."""
+    `_ARRAY` in the arrays' places; `None` when every leaf is an array), hashed once."""
 
     __slots__ = ("hash", "statics", "treedef")
 
-    def __init__(self, treedef, statics: tuple):
+    def __init__(self, treedef, statics: tuple | None):
         self.treedef, self.statics = treedef, statics
         try:
             self.hash = hash((treedef, statics))
@@ -78,25 +89,22 @@ class _Part:
         )
 
     def unflatten(self, arrays: Sequence) -> Any:
-        it = iter(arrays)
-        return self.treedef.unflatten([next(it) if s is _ARRAY else s for s in self.statics])
+        return self.take(iter(arrays))
+
+    def take(self, arrays: Iterator) -> Any:
+        """The tree, its array leaves taken from the iterator `arrays` in order."""
+        if self.statics is None:
+            return self.treedef.unflatten(list(itertools.islice(arrays, self.treedef.num_leaves)))
+        return self.treedef.unflatten([next(arrays) if s is _ARRAY else s for s in self.statics])
 
 
 def _split(leaves: list, treedef) -> tuple[list, _Part]:
     """The array leaves, and the structure of the rest."""
-    arrays = []
-    statics = []
-    for x in leaves:
-        kind = type(x)
-        is_array = _IS_ARRAY.get(kind)
-        if is_array is None:
-            is_array = _IS_ARRAY[kind] = isinstance(x, _ARRAY_TYPES)
-        if is_array:
-            arrays.append(x)
-            statics.append(_ARRAY)
-        else:
-            statics.append(x)
-    return arrays, _Part(treedef, tuple(statics))
+    flags = _array_flags(leaves)
+    if all(flags):  # a tree of arrays (a dict of parameters): no per-leaf work
+        return leaves, _Part(treedef, None)
+    arrays = list(itertools.compress(leaves, flags))
+    return arrays, _Part(treedef, tuple(_ARRAY if flag else x for flag, x in zip(flags, leaves)))
 
 
 class JitStep:
@@ -158,10 +166,10 @@ class JitStep:
             args = []
             for i, part in enumerate(parts):
                 source = donated if i in donate else kept
-                args.append(part.treedef.unflatten([next(source) if s is _ARRAY else s for s in part.statics]))
+                args.append(part.take(source))
             kwargs = {}
             if kwargs_part is not None:
-                kwargs = kwargs_part.treedef.unflatten([next(kept) if s is _ARRAY else s for s in kwargs_part.statics])
+                kwargs = kwargs_part.take(kept)
             out = fn(*args, **kwargs)
             # Each element of a tuple output separately, so that each can be recognized when fed back.
             elements = out if type(out) is tuple else (out,)
@@ -184,7 +192,7 @@ class JitStep:
         for part_arrays, part in zip(arrays, structures):
             obj = part.unflatten(part_arrays)
             outputs.append(obj)
-            if _IS_ARRAY.get(type(obj)) or isinstance(obj, _ARRAY_TYPES):  # one array (a loss): nothing to save
+            if _array_flags([obj])[0]:  # one array (a loss): nothing to save
                 continue
             if part_arrays and isinstance(part_arrays[0], jax.core.Tracer):  # called inside a trace: keep nothing
                 continue

@@ -20,6 +20,7 @@ from ._fields import (
     resolve_tree,
     static,
 )
+from ._grouping import LeafGroups, plan_groups
 from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state, single_learning_rate
 from ._numerics import safe_increment
 from ._signature import ModelSignature
@@ -48,6 +49,13 @@ class Optimizer(eqx.Module):
         ...     grads = eqx.filter_grad(loss)(model, x, y)
         ...     return optimizer.step(model, grads)
 
+    Many small leaves: where the transform acts elementwise (`AbstractTransform.acts_elementwise`:
+    Adam, SGD, RMSProp, Lion... without a weight-decay mask) and there are at least 8 leaves
+    of at most 1024 elements, those are stepped as a few flat buffers per dtype, and their state
+    is kept that way (`{"grouped": buffers, "ungrouped": the rest}`), because per-array
+    dispatch, not arithmetic, is what a step of many tiny arrays costs. The numbers are the
+    same; `group_small_leaves=False` keeps the state shaped like the model (optax's layout).
+
     Sharded: with `shardings=` (the model's NamedShardings or PartitionSpecs, see
     `modopt.sharding.shardings`), the state is created directly sharded and never exists
     whole on one device; `zero_axis=` also splits it over a data-parallel mesh axis
@@ -63,6 +71,8 @@ class Optimizer(eqx.Module):
             create the state directly sharded.
         mesh: the mesh that PartitionSpecs in `shardings` refer to.
         zero_axis: a data-parallel mesh axis to split the state over (ZeRO-1).
+        group_small_leaves: step small leaves as flat buffers where the numbers are the same
+            (see above); ignored with `shardings=`, where the state follows the parameters.
 
     Per-example gradients: an optimizer that reduces a batch of gradients itself (`dpsgd`, or
     a chain that starts with `differentially_private_aggregate`; see
@@ -78,6 +88,7 @@ class Optimizer(eqx.Module):
     wrt: Any = static()
     signature: ModelSignature = static()
     layout: Layout | None = static()
+    groups: LeafGroups | None = static()
 
     def __init__(
         self,
@@ -88,6 +99,7 @@ class Optimizer(eqx.Module):
         shardings: Any = None,
         mesh: Any = None,
         zero_axis: str | None = None,
+        group_small_leaves: bool = True,
     ):
         self.tx = owned_transform(tx, "Optimizer")
         self.wrt = as_static_tree(wrt)
@@ -99,9 +111,11 @@ class Optimizer(eqx.Module):
             if mesh is not None or zero_axis is not None:
                 raise ValueError("Optimizer: `mesh` and `zero_axis` need `shardings=` (the model's shardings).")
             self.layout = None
-            self.state = owned_init(self.tx, params)
+            self.groups = plan_groups(self.tx, params) if group_small_leaves else None
+            self.state = owned_init(self.tx, params if self.groups is None else self.groups.pack(params))
             self.count = jnp.zeros([], jnp.int32)
             return
+        self.groups = None
         abstract_state = jax.eval_shape(self.tx.init, params)
         self.layout = derive_layout(self.tx, self.signature, abstract_state, shardings, mesh, zero_axis)
         if len(set(getattr(self.layout.mesh, "axis_types", ()))) > 1:
@@ -142,16 +156,23 @@ class Optimizer(eqx.Module):
         params, rest = eqx.partition(model, self._filter(model))
         per_example = self.tx.takes_per_example_updates()
         grads = align_gradients(model, params, grads, per_example)
-        check_state(self.tx, self.state, params)
+        seen = params if self.groups is None else self.groups.pack(params)  # what the transform sees
+        check_state(self.tx, self.state, seen)
         declared = check_extra_args(self.tx, extra_args, "Optimizer.step")
         as_params = lambda tree: _filled(params, align_gradients(model, params, tree))  # noqa: E731
         extra_args = adapt_to_params(declared, extra_args, lambda p: eqx.combine(p, rest), as_params)
         batch = _batch_size(grads) if per_example else None
-        updates, state = update_on_mesh(self.tx, _filled(params, grads, batch), self.state, params, extra_args)
+        filled = _filled(params, grads, batch)
+        if self.groups is not None:
+            filled = self.groups.pack(filled)
+        updates, state = update_on_mesh(self.tx, filled, self.state, seen, extra_args)
         if per_example:
             _check_reduced(self.tx, updates, params)
+        stepped = apply_updates(seen, updates)
+        if self.groups is not None:
+            stepped = self.groups.unpack(stepped, params)
         new_params = jax.tree_util.tree_map(
-            lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=is_none
+            lambda old, new, g: old if g is None else new, params, stepped, grads, is_leaf=is_none
         )
         if self.layout is not None:
             new_params, state = self.layout.impose(new_params, state)
@@ -170,11 +191,12 @@ class Optimizer(eqx.Module):
         trained = [leaf for leaf in self.signature.leaves if leaf is not None]
         step = int(self.count) if is_concrete(self.count) else "traced"
         sharded = "" if self.layout is None else f",\n  sharded on a mesh of shape {dict(self.layout.mesh.shape)}"
+        grouped = "" if self.groups is None else f",\n  {self.groups.describe()}"
         return (
             f"Optimizer(\n  tx={tx},\n  step={step},\n"
             f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers ({_bytes(size)}),\n"
             f"  trains {len(trained)} of {len(self.signature.leaves)} model leaves "
-            f"({sum(int(np.prod(leaf.shape)) for leaf in trained):,} numbers){sharded}\n)"
+            f"({sum(int(np.prod(leaf.shape)) for leaf in trained):,} numbers){sharded}{grouped}\n)"
         )
 
     # ---- hyperparameters -------------------------------------------------------------

@@ -6,7 +6,7 @@ import operator
 from collections import OrderedDict
 from typing import Any
 
-from .._base import AbstractTransform, Part, as_transform
+from .._base import AbstractTransform, Part, as_transform, parts_act_elementwise
 from .._fields import static
 
 
@@ -34,6 +34,9 @@ class Chain(AbstractTransform):
 
     def parts(self):
         return tuple(Part(f"[{i}]", t, operator.itemgetter(i)) for i, t in enumerate(self.transforms))
+
+    def acts_elementwise(self) -> bool:
+        return parts_act_elementwise(self)
 
 
 class NamedChain(AbstractTransform):
@@ -69,6 +72,9 @@ class NamedChain(AbstractTransform):
 
     def parts(self):
         return tuple(Part(f"[{name!r}]", t, operator.itemgetter(name)) for name, t in zip(self.names, self.transforms))
+
+    def acts_elementwise(self) -> bool:
+        return parts_act_elementwise(self)
 
 
 def _check_length(state: Any, expected: int, where: str) -> None:

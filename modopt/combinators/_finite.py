@@ -67,6 +67,10 @@ class ApplyIfFinite(AbstractWrapper):
             inner_state=self.inner.init(params),
         )
 
+    def acts_elementwise(self) -> bool:
+        # Whether all elements are finite is the same however they are grouped into leaves.
+        return self.inner.acts_elementwise()
+
     def skipped_last_step(self, state: ApplyIfFiniteState) -> jax.Array:
         """True when the last update was dropped as non-finite (or the inner transform skipped it)."""
         dropped = jnp.logical_and(~state.last_finite, state.notfinite_count <= self.max_consecutive_errors)

@@ -32,6 +32,8 @@ class Trace(AbstractTransform):
     Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
     """
 
+    elementwise_updates = True
+
     decay: Any = fields.momentum()
     nesterov: bool = static(default=False)
     accumulator_dtype: Any = fields.dtype()
@@ -63,6 +65,8 @@ class Ema(AbstractTransform):
         debias: divide by `1 - decay^t` so that early averages are not biased towards zero (static).
         accumulator_dtype: the dtype of the average; `None` keeps the updates' dtype.
     """
+
+    elementwise_updates = True
 
     decay: Any = fields.decay_rate(check=UNIT)
     debias: bool = static(default=True)

@@ -68,6 +68,8 @@ class ScaleByAdam(AbstractTransform):
     Reference: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980
     """
 
+    elementwise_updates = True
+
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
     eps: Any = fields.eps(1e-8)
@@ -106,6 +108,8 @@ class ScaleByAdamax(AbstractTransform):
 
     Reference: Kingma & Ba, 2014 (Section 7.1), https://arxiv.org/abs/1412.6980
     """
+
+    elementwise_updates = True
 
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
@@ -154,6 +158,8 @@ class ScaleByAmsgrad(AbstractTransform):
 
     Reference: Reddi et al., 2018, https://openreview.net/forum?id=ryQu7f-RZ
     """
+
+    elementwise_updates = True
 
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)

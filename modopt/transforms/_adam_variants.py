@@ -52,6 +52,8 @@ class ScaleByBelief(AbstractTransform):
     Reference: Zhuang et al., 2020, https://arxiv.org/abs/2010.07468
     """
 
+    elementwise_updates = True
+
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
     eps: Any = fields.eps(1e-16)
@@ -90,6 +92,8 @@ class ScaleByYogi(AbstractTransform):
     Reference: Zaheer et al., 2018,
     https://papers.nips.cc/paper/2018/hash/90365351ccc7437a1309dc64e4db32a3-Abstract.html
     """
+
+    elementwise_updates = True
 
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
@@ -132,6 +136,8 @@ class ScaleByRadam(AbstractTransform):
 
     Reference: Liu et al., 2020, https://arxiv.org/abs/1908.03265
     """
+
+    elementwise_updates = True
 
     b1: Any = fields.decay_rate(0.9)
     b2: Any = fields.decay_rate(0.999)
@@ -192,6 +198,8 @@ class ScaleByAdan(AbstractTransform):
 
     Reference: Xie et al., 2022, https://arxiv.org/abs/2208.06677
     """
+
+    elementwise_updates = True
 
     b1: Any = fields.decay_rate(0.98)
     b2: Any = fields.decay_rate(0.92)

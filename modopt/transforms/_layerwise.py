@@ -102,6 +102,8 @@ class ScaleBySign(AbstractTransform):
     Reference: Bernstein et al., 2018 (signSGD), https://arxiv.org/abs/1802.04434
     """
 
+    elementwise_updates = True
+
     def init(self, params):
         return init_empty_state(params)
 

@@ -45,6 +45,8 @@ class ScaleByLion(AbstractTransform):
     Reference: Chen et al., 2023, https://arxiv.org/abs/2302.06675
     """
 
+    elementwise_updates = True
+
     b1: Any = fields.decay_rate(0.9, check=UNIT)  # an interpolation weight: 1 is allowed
     b2: Any = fields.decay_rate(0.99)
     mu_dtype: Any = fields.dtype()

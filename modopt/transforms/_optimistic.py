@@ -38,6 +38,8 @@ class ScaleByOptimisticGradient(AbstractTransform):
     Reference: Mokhtari et al., 2019, https://arxiv.org/abs/1901.08511
     """
 
+    elementwise_updates = True
+
     alpha: Any = optimism_coefficient()
     beta: Any = optimism_coefficient()
 

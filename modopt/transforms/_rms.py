@@ -35,6 +35,8 @@ class ScaleByRss(AbstractTransform):
     Reference: Duchi et al., 2011, https://jmlr.org/papers/v12/duchi11a.html
     """
 
+    elementwise_updates = True
+
     initial_accumulator_value: Any = fields.eps(0.1)
     eps: Any = fields.eps(1e-7)
 
@@ -112,6 +114,8 @@ class ScaleByRms(AbstractTransform):
     Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
     """
 
+    elementwise_updates = True
+
     decay: Any = fields.decay_rate(0.9)
     eps: Any = fields.eps(1e-8)
     initial_scale: Any = fields.eps(0.0)
@@ -151,6 +155,8 @@ class ScaleByStddev(AbstractTransform):
 
     Reference: Graves, 2013, https://arxiv.org/abs/1308.0850
     """
+
+    elementwise_updates = True
 
     decay: Any = fields.decay_rate(0.9)
     eps: Any = fields.eps(1e-8)
@@ -195,6 +201,8 @@ class ScaleByAdadelta(AbstractTransform):
 
     Reference: Zeiler, 2012, https://arxiv.org/abs/1212.5701
     """
+
+    elementwise_updates = True
 
     rho: Any = fields.decay_rate(0.9)
     eps: Any = fields.eps(1e-6)

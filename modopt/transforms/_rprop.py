@@ -51,6 +51,8 @@ class ScaleByRprop(AbstractTransform):
     Igel & Hüsken, 2003, https://doi.org/10.1016/S0925-2312(01)00700-7
     """
 
+    elementwise_updates = True
+
     learning_rate: Any = hyperparameter(check=fields.FINITE_NONNEGATIVE)
     eta_minus: Any = hyperparameter(0.5, check=SHRINK_FACTOR)
     eta_plus: Any = hyperparameter(1.2, check=GROWTH_FACTOR)

@@ -24,6 +24,8 @@ class Scale(AbstractTransform):
         step_size: the factor, a number of any sign.
     """
 
+    elementwise_updates = True
+
     step_size: Any = hyperparameter()
 
     def init(self, params):
@@ -46,6 +48,8 @@ class ScaleBySchedule(AbstractTransform):
         step_size_fn: a schedule, or any function of the step count, giving the factor (of any
             sign).
     """
+
+    elementwise_updates = True
 
     step_size_fn: AbstractSchedule = scalar_or_schedule(kind="schedule")
 

@@ -15,6 +15,8 @@ from .._fields import static
 class Identity(AbstractTransform):
     """Leaves updates untouched."""
 
+    elementwise_updates = True
+
     def init(self, params):
         return init_empty_state(params)
 
@@ -24,6 +26,8 @@ class Identity(AbstractTransform):
 
 class SetToZero(AbstractTransform):
     """Maps every update to zero (e.g. for frozen parameters inside `partition`)."""
+
+    elementwise_updates = True
 
     def init(self, params):
         return init_empty_state(params)

@@ -37,11 +37,16 @@ class AddDecayedWeights(AbstractTransform):
     Reference: Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
     """
 
+    elementwise_updates = True
+
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
     def _as_masked(self) -> Masked:
         return Masked(AddDecayedWeights(self.weight_decay), self.mask)
+
+    def acts_elementwise(self) -> bool:
+        return self.mask is None  # a mask picks leaves, which grouping would merge
 
     def init(self, params):
         if self.mask is not None:

@@ -91,9 +91,15 @@ def test_grouped_steps_give_the_leafwise_numbers(entry, few_small_leaves):
     grouped = modopt.Optimizer(entry.make(), params)
     leafwise = modopt.Optimizer(entry.make(), params, group_small_leaves=False)
     assert grouped.groups is not None and leafwise.groups is None
-    ours, _ = run_steps(grouped, params, entry)
-    theirs, _ = run_steps(leafwise, params, entry)
-    assert_trees_close(ours, theirs, f"{entry}: grouped vs leaf by leaf", rtol=entry.tolerance, atol=entry.tolerance)
+    # Both in one program: one compile per entry.
+    ours, theirs = eqx.filter_jit(lambda a, b: (run_steps(a, params, entry)[0], run_steps(b, params, entry)[0]))(
+        grouped, leafwise
+    )
+    # The two programs fuse differently (XLA may contract a multiply-add in one and not the
+    # other), so they agree to float32 rounding, a few ulps after 3 steps; a piece cut from the
+    # wrong place would be off by far more.
+    tolerance = max(entry.tolerance, 1e-5)
+    assert_trees_close(ours, theirs, f"{entry}: grouped vs leaf by leaf", rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("name", ["lars", "fromage", "novograd"])

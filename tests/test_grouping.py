@@ -119,7 +119,7 @@ def test_grouping_would_change_a_transform_with_per_leaf_norms(name, few_small_l
 
 def test_which_leaves_are_grouped():
     params = {
-        **{f"f{i:03d}": jnp.ones((4, 4)) for i in range(150)},  # 150 small float32 leaves: 3 buffers
+        **{f"f{i:03d}": jnp.ones((4, 4)) for i in range(150)},  # 150 small float32 leaves
         **{f"h{i}": jnp.ones(3, jnp.bfloat16) for i in range(9)},  # 9 bfloat16: one buffer of their own
         **{f"g{i}": jnp.ones(3, jnp.float16) for i in range(7)},  # 7 float16: too few to group
         "edge": jnp.ones(1024),  # at the limit: grouped
@@ -129,14 +129,15 @@ def test_which_leaves_are_grouped():
     optimizer = modopt.Optimizer(modopt.adam(1e-3), params)
     names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(optimizer.trainable(params))[0]]
     groups = [[names[i] for i in group] for group in optimizer.groups.groups]
-    assert [len(g) for g in groups] == [64, 64, 23, 9]
+    assert _grouping.LEAVES_PER_GROUP == 16
+    assert [len(g) for g in groups] == [16] * 9 + [7, 9]
     assert sorted(sum(groups, [])) == sorted([f"['f{i:03d}']" for i in range(150)] + ["['edge']"] + [f"['h{i}']" for i in range(9)])
     state = optimizer.state[0]
-    # Leaves in the tree's order, "edge" first: 1024 + 63 * 16, 64 * 16, 23 * 16, and 9 * 3 bfloat16.
-    assert [b.shape for b in state.mu["grouped"]] == [(2032,), (1024,), (368,), (27,)]
-    assert state.mu["grouped"][3].dtype == jnp.bfloat16
+    # Leaves in the tree's order, "edge" first: 1024 + 15 * 16, then 16 * 16, 7 * 16, and 9 * 3 bfloat16.
+    assert [b.shape for b in state.mu["grouped"]] == [(1264,)] + [(256,)] * 8 + [(112,), (27,)]
+    assert state.mu["grouped"][-1].dtype == jnp.bfloat16
     assert state.mu["ungrouped"]["big"].shape == (1025,) and state.mu["ungrouped"]["f000"] is None
-    assert "160 small leaves grouped into 4 buffers" in repr(optimizer)
+    assert "160 small leaves grouped into 11 buffers" in repr(optimizer)
     # Nothing grouped: not asked to, too few small leaves, or a transform that is not elementwise.
     assert modopt.Optimizer(modopt.adam(1e-3), params, group_small_leaves=False).groups is None
     assert modopt.Optimizer(modopt.adam(1e-3), {f"f{i}": jnp.ones(3) for i in range(7)}).groups is None

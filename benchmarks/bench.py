@@ -9,9 +9,12 @@ interleaved so that drift in the machine's load hits them alike. Cases:
    machine's streaming bandwidth reached (measured here by a jitted, donated `x + 1` on as many
    bytes: memory on a CPU, HBM on a GPU);
 2. the same on 1000 leaves of 16k elements;  3. on 1000 leaves of 16 elements;
+   cases 1-3 time the transform's update in `jax.jit` (as optax's), `Optimizer.step` in
+   `modopt.jit_step` (which groups small leaves), and a floor: a jitted step that only passes
+   the parameters through (the cost of the arrays crossing the jit boundary);
 4. a full train step of an Equinox MLP of about 100k parameters: the documented pattern
    (`modopt.jit_step`), `optimizer.step` under `jax.jit` and under `eqx.filter_jit`;
-5. compile time of the jitted step for 100 and 1000 leaves;
+5. compile time of the jitted step for 100 and 1000 leaves (the transform's, and `Optimizer.step`'s);
 6. traces when the learning rate changes and when the same optimizer is rebuilt;
 7. memory of the donated step against params + grads + state (does it run in place?);
 8. every named optimizer of the catalog against its optax counterpart, on the parameter tree
@@ -141,6 +144,12 @@ def optimizer_step(params: dict):
     return step, modopt.Optimizer(modopt.adamw(1e-3), params)
 
 
+# What any step costs here before doing any arithmetic: the parameters and gradients go in and
+# the parameters come out, donated, as in the steps compared (but without any state).
+FLOOR = "floor: params and grads in, params out"
+_unchanged = jax.jit(lambda params, state, grads: (params, state), donate_argnums=(0, 1))
+
+
 def adam_case(params: dict, repeats: int) -> dict:
     grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), params)
     fresh = lambda: jax.tree.map(jnp.copy, params)  # noqa: E731
@@ -154,6 +163,7 @@ def adam_case(params: dict, repeats: int) -> dict:
             "modopt": Loop(ours, ours_params, ours_tx.init(ours_params), grads),
             "optax": Loop(theirs, their_params, theirs_tx.init(their_params), grads),
             OPTIMIZER: Loop(documented, documented_params, optimizer, grads),
+            FLOOR: Loop(_unchanged, fresh(), None, grads),
         },
         repeats,
     )

@@ -20,6 +20,10 @@ def test_benchmark_smoke_run(capsys, tmp_path):
                  "5 compile, 100 leaves", "5 compile, 1000 leaves"):
         assert results[case]["modopt"] > 0 and results[case]["optax"] > 0, case
         assert case in table
+    # Cases 1-3 also time Optimizer.step in jit_step and the dispatch floor; case 5 compiles it.
+    for case in ("1 one big array", "2 many 16k leaves", "3 many tiny leaves"):
+        assert results[case][bench.OPTIMIZER] > 0 and results[case][bench.FLOOR] > 0, case
+    assert results["5 compile, 1000 leaves"][bench.OPTIMIZER] > 0
     # The documented train step and the alternatives are all timed.
     assert {"modopt in jax.jit", "modopt in eqx.filter_jit"} <= set(results["4 MLP train step"])
     # No retrace when the learning rate changes or the optimizer is rebuilt.

@@ -324,6 +324,11 @@ class CheckpointManager:
             raise CheckpointError(f"The record of {name!r} at step {step} is garbled: {error!r}.") from None
         targets = leaves_of(like)
         mismatch = first_mismatch(saved, targets)
+        if mismatch and "['grouped']" in mismatch:
+            mismatch += (
+                " (one of the two optimizers keeps small leaves in grouped buffers and the other does not: "
+                "build the target with the `group_small_leaves=` of the one saved, and the same model and transform)"
+            )
         if mismatch:
             raise CheckpointError(
                 f"Cannot restore {name!r} from step {step} into this {type(like).__name__}: {mismatch}. "

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from ._extra_args import declared_extra_args
 from .combinators._flatten import ravel, unravel
@@ -63,6 +64,17 @@ class LeafGroups(NamedTuple):
                 out[i] = piece
         return treedef.unflatten(out)
 
+    def pack_specs(self, param_specs: Any, is_spec: Any) -> dict[str, Any]:
+        """The `PartitionSpec`s of `pack`'s layout: buffers replicated, the rest as the parameters.
+
+        A buffer's elements do not line up with any parameter's shards (ZeRO-1 may still split
+        it, see `modopt.sharding.shardings`).
+        """
+        specs, treedef = jax.tree_util.tree_flatten(param_specs, is_leaf=is_spec)
+        grouped = self._grouped()
+        rest = treedef.unflatten([None if i in grouped else spec for i, spec in enumerate(specs)])
+        return {"grouped": tuple(PartitionSpec() for _ in self.groups), "ungrouped": rest}
+
     def _grouped(self) -> frozenset[int]:
         return frozenset(i for group in self.groups for i in group)
 
@@ -77,8 +89,9 @@ def plan_groups(tx: Any, params: Any) -> LeafGroups | None:
 
     Leaves are grouped when `tx` acts elementwise, reads no extra argument shaped like (or a
     function of) the parameters, and takes gradients shaped like the parameters; a leaf is
-    grouped when it holds at most `SMALL_LEAF` elements on at most one device, with at least
-    `MIN_SMALL_LEAVES` such leaves of its dtype.
+    grouped when it holds at most `SMALL_LEAF` elements, with at least `MIN_SMALL_LEAVES` such
+    leaves of its dtype. The plan depends on shapes and dtypes only, so an abstract optimizer
+    (`jax.eval_shape`) has the layout of the one a jitted init creates.
     """
     if not tx.acts_elementwise() or tx.takes_per_example_updates():
         return None
@@ -86,7 +99,7 @@ def plan_groups(tx: Any, params: Any) -> LeafGroups | None:
         return None
     by_dtype: dict[Any, list[int]] = defaultdict(list)
     for i, leaf in enumerate(jax.tree_util.tree_leaves(params)):
-        if math.prod(jnp.shape(leaf)) <= SMALL_LEAF and _on_one_device(leaf):
+        if math.prod(jnp.shape(leaf)) <= SMALL_LEAF:
             by_dtype[jnp.result_type(leaf)].append(i)
     groups = tuple(
         tuple(indices[start : start + LEAVES_PER_GROUP])
@@ -96,7 +109,3 @@ def plan_groups(tx: Any, params: Any) -> LeafGroups | None:
     )
     return LeafGroups(groups) if groups else None
 
-
-def _on_one_device(leaf: Any) -> bool:
-    sharding = getattr(leaf, "sharding", None)
-    return sharding is None or len(sharding.device_set) == 1

@@ -73,6 +73,7 @@ class Optimizer(eqx.Module):
         zero_axis: a data-parallel mesh axis to split the state over (ZeRO-1).
         group_small_leaves: step small leaves as flat buffers where the numbers are the same
             (see above); ignored with `shardings=`, where the state follows the parameters.
+            (`modopt.sharding.shardings` of a grouped optimizer replicates its buffers.)
 
     Per-example gradients: an optimizer that reduces a batch of gradients itself (`dpsgd`, or
     a chain that starts with `differentially_private_aggregate`; see

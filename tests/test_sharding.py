@@ -109,6 +109,22 @@ def test_zero_splits_state_over_the_data_axis_where_a_dimension_divides():
     assert found[".state[0].count"] == P()
 
 
+def test_grouped_small_leaves_are_replicated_and_the_rest_follows_the_parameters():
+    """An optimizer that keeps small leaves in buffers (planned from abstract values, as the
+    jitted init will create it): the buffers are replicated, ZeRO-1 splits them where their
+    length divides, and the other leaves' state follows their parameters."""
+    params = {"w": jnp.zeros((512, 256)), **{f"b{i}": jnp.zeros((6,)) for i in range(9)}}
+    specs = {"w": P("model", None), **{f"b{i}": P() for i in range(9)}}
+    optimizer = abstract_optimizer(modopt.adam(1e-3), params)
+    assert optimizer.groups is not None
+    found = specs_by_path(shardings(optimizer, specs, mesh=MESH))
+    assert found[".state[0].mu['grouped'][0]"] == P() and found[".state[0].nu['grouped'][0]"] == P()
+    assert found[".state[0].mu['ungrouped']['w']"] == P("model", None)
+    zero = specs_by_path(shardings(optimizer, specs, mesh=MESH, zero_axis="data"))
+    assert zero[".state[0].mu['grouped'][0]"] == P("data")  # 9 * 6 = 54 elements: 2 divides them
+    assert zero[".state[0].mu['ungrouped']['w']"] == P("model", "data")
+
+
 def test_zero_splits_an_already_split_dimension_when_no_other_fits():
     params = {"v": jnp.zeros((16,))}
     optimizer = abstract_optimizer(modopt.adam(1e-3), params)

@@ -99,7 +99,9 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
     """
     if not isinstance(getattr(optimizer, "signature", None), ModelSignature):
         raise TypeError(f"shardings expects a modopt.Optimizer, got {type(optimizer).__name__}.")
-    layout = derive_layout(optimizer.tx, optimizer.signature, optimizer.state, model_shardings, mesh, zero_axis)
+    layout = derive_layout(
+        optimizer.tx, optimizer.signature, optimizer.state, model_shardings, mesh, zero_axis, optimizer.groups
+    )
     if optimizer.layout is not None and optimizer.layout != layout:
         raise ValueError(
             "This optimizer was created with other shardings (or another zero_axis): its steps keep "
@@ -125,12 +127,25 @@ def params_layout(tx: Any, params: Any, param_shardings: Any, zero_axis: str | N
     return derive_layout(tx, ModelSignature(abstract, abstract), state, param_shardings, None, zero_axis)
 
 
-def derive_layout(tx: Any, signature: ModelSignature, state: Any, model_shardings: Any, mesh: Any, zero_axis: str | None) -> Layout:
-    """The checked `Layout` of `tx`'s `state` for a model with `signature` and `model_shardings`."""
+def derive_layout(
+    tx: Any,
+    signature: ModelSignature,
+    state: Any,
+    model_shardings: Any,
+    mesh: Any,
+    zero_axis: str | None,
+    groups: Any = None,
+) -> Layout:
+    """The checked `Layout` of `tx`'s `state` for a model with `signature` and `model_shardings`
+    (the state of an `Optimizer` whose small leaves are in `groups`, if given)."""
     param_specs, mesh = _param_specs(signature, model_shardings, mesh)
     if zero_axis is not None and zero_axis not in mesh.shape:
         raise ValueError(f"zero_axis={zero_axis!r} is not an axis of the mesh, whose axes are {tuple(mesh.axis_names)}.")
-    state_specs = _state_specs(tx, signature.params(), param_specs)
+    if groups is None:
+        state_specs = _state_specs(tx, signature.params(), param_specs)
+    else:
+        seen = jax.eval_shape(groups.pack, signature.params())
+        state_specs = _state_specs(tx, seen, groups.pack_specs(param_specs, is_spec))
     state_def = jax.tree_util.tree_structure(state)
     if jax.tree_util.tree_structure(state_specs, is_leaf=is_spec) != state_def:
         raise ValueError(

@@ -31,6 +31,7 @@ import modopt
 from modopt._base import owned_init, owned_transform
 from modopt._checks import align_gradients, check_state
 from modopt._extra_args import adapt_to_params, check_extra_args
+from modopt._grouping import plan_groups
 from modopt._hyperparameters import (
     hyperparameters_with_state,
     set_hyperparameters_with_state,
@@ -140,10 +141,21 @@ class NnxOptimizer(nnx.Pytree):
     With `shardings=` (the parameters' shardings, e.g. `param_shardings(nnx.state(model,
     nnx.Param), mesh)`), the optimizer state is created directly on the shardings each
     transform's rule derives from them; `zero_axis=` adds ZeRO-1.
+
+    Many small variables are stepped as a few flat buffers, as by `modopt.Optimizer` (see
+    there): the same numbers, and `group_small_leaves=False` keeps the state shaped like the
+    variables (ignored with `shardings=`).
     """
 
     def __init__(
-        self, model: nnx.Module, tx: Any, *, wrt: Any = nnx.Param, shardings: Any = None, zero_axis: str | None = None
+        self,
+        model: nnx.Module,
+        tx: Any,
+        *,
+        wrt: Any = nnx.Param,
+        shardings: Any = None,
+        zero_axis: str | None = None,
+        group_small_leaves: bool = True,
     ):
         tx = owned_transform(tx, "NnxOptimizer")
         leaves, self._tx_def = jax.tree_util.tree_flatten(tx)
@@ -156,8 +168,9 @@ class NnxOptimizer(nnx.Pytree):
         params = nnx.as_pure(nnx.state(model, self._trained))
         if not jax.tree_util.tree_leaves(params):
             raise ValueError(_selects_nothing(model, wrt))
+        self._groups = plan_groups(tx, params) if group_small_leaves and shardings is None else None
         if shardings is None:
-            opt_state = owned_init(tx, params)
+            opt_state = owned_init(tx, params if self._groups is None else self._groups.pack(params))
         else:
             opt_state = params_layout(tx, params, shardings, zero_axis).init(tx, params)
         self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, opt_state))
@@ -218,8 +231,12 @@ class NnxOptimizer(nnx.Pytree):
             tx, params, _wrt_gradients(grads, self._trained), per_example, "NnxOptimizer.update", **_nnx_advice(self.wrt)
         )
         opt_state = nnx.as_pure(self.opt_state)
-        check_state(tx, opt_state, params)
-        updates, new_state = tx.update(grads, opt_state, params, **extra_args)
+        groups = self._groups
+        seen = params if groups is None else groups.pack(params)  # what the transform sees
+        check_state(tx, opt_state, seen)
+        updates, new_state = tx.update(grads if groups is None else groups.pack(grads), opt_state, seen, **extra_args)
+        if groups is not None:
+            updates = groups.unpack(updates, params)
         if per_example:
             _check_reduced(tx, updates, params)
         nnx.update(model, modopt.apply_updates(params, updates))

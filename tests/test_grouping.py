@@ -199,3 +199,35 @@ def test_grouped_optimizer_checkpoints_and_resumes(tmp_path):
     leafwise = modopt.Optimizer(modopt.adam(0.05), params, group_small_leaves=False)
     with CheckpointManager(tmp_path) as manager, pytest.raises(CheckpointError, match=r"\[.grouped.\].*group_small_leaves="):
         manager.restore(optimizer=leafwise)
+
+
+def test_nnx_optimizer_groups_small_variables_with_the_same_numbers():
+    from flax import nnx
+    from modopt.integrations.flax import NnxOptimizer
+
+    class Stack(nnx.Module):
+        def __init__(self, rngs):
+            self.layers = nnx.List([nnx.Linear(3, 3, rngs=rngs) for _ in range(5)])  # 10 small variables
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = jnp.tanh(layer(x))
+            return x
+
+    @nnx.jit
+    def train_step(model, optimizer, x):
+        grads = nnx.grad(lambda m: jnp.sum((m(x) - 0.5) ** 2))(model)
+        optimizer.update(model, grads)
+
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+    results = []
+    for group in (True, False):
+        model = Stack(nnx.Rngs(0))
+        optimizer = NnxOptimizer(model, modopt.adam(0.05), wrt=nnx.Param, group_small_leaves=group)
+        assert ("'grouped'" in str(jax.tree_util.tree_structure(nnx.as_pure(optimizer.opt_state)))) == group
+        for _ in range(3):
+            train_step(model, optimizer, x)
+        results.append(nnx.as_pure(nnx.state(model, nnx.Param)))
+    assert_trees_close(results[0], results[1], "NNX grouped vs leaf by leaf", rtol=1e-5, atol=1e-5)
+    initial = nnx.as_pure(nnx.state(Stack(nnx.Rngs(0)), nnx.Param))
+    assert all(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(initial)))

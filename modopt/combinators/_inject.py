@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, Part, as_transform
+from .._base import AbstractTransform, Part, as_transform, parts_act_elementwise
 from .._fields import StaticTree, as_hyperparameter
 from .._numerics import safe_increment
 from ..schedules._base import AbstractSchedule, as_schedule, is_schedule
@@ -92,6 +92,10 @@ class InjectHyperparams(AbstractTransform):
 
     def parts(self):
         return (Part("", self.inner(self._values_at(0, self.hyperparams, None)), _inner_state),)
+
+    def acts_elementwise(self) -> bool:
+        # Its own work is on scalars (a count, hyperparameters): as elementwise as what it builds.
+        return parts_act_elementwise(self)
 
     def learning_rates(self, state):
         values = {

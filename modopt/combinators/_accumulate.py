@@ -77,6 +77,8 @@ class ApplyEveryK(AbstractTransform):
         >>> tx = modopt.chain(modopt.apply_every(4), modopt.sgd(0.1))
     """
 
+    elementwise_updates = True
+
     k: Any = hyperparameter(1, check=POSITIVE_INTEGER)
 
     def init(self, params):
@@ -237,6 +239,10 @@ class MultiSteps(AbstractWrapper):
     def gradient_transformation(self) -> MultiSteps:
         """The transform itself: it already is one (optax returns an `(init, update)` pair)."""
         return self
+
+    def acts_elementwise(self) -> bool:
+        # Sums, means and counts: elementwise, unless a skip function looks at the whole update.
+        return self.should_skip_update_fn is None and self.inner.acts_elementwise()
 
     def has_updated(self, state: MultiStepsState) -> jax.Array:
         """True right after a mini-step that stepped the inner optimizer (a window just closed)."""

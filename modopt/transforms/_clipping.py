@@ -23,6 +23,8 @@ class Clip(AbstractTransform):
         max_delta: the largest magnitude an element keeps, >= 0.
     """
 
+    elementwise_updates = True
+
     max_delta: Any = hyperparameter(check=NONNEGATIVE)
 
     def init(self, params):

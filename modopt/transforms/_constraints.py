@@ -19,6 +19,8 @@ class KeepParamsNonnegative(AbstractTransform):
     moved to 0. A `None` parameter gives a `None` update.
     """
 
+    elementwise_updates = True
+
     def init(self, params):
         return init_empty_state(params)
 

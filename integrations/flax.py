@@ -31,7 +31,7 @@ import modopt
 from modopt._base import owned_init, owned_transform
 from modopt._checks import align_gradients, check_state
 from modopt._extra_args import adapt_to_params, check_extra_args
-from modopt._grouping import plan_groups
+from modopt._grouping import packed, plan_groups, update_in_layout
 from modopt._hyperparameters import (
     hyperparameters_with_state,
     set_hyperparameters_with_state,
@@ -170,7 +170,7 @@ class NnxOptimizer(nnx.Pytree):
             raise ValueError(_selects_nothing(model, wrt))
         self._groups = plan_groups(tx, params) if group_small_leaves and shardings is None else None
         if shardings is None:
-            opt_state = owned_init(tx, params if self._groups is None else self._groups.pack(params))
+            opt_state = owned_init(tx, packed(self._groups, params))
         else:
             opt_state = params_layout(tx, params, shardings, zero_axis).init(tx, params)
         self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, opt_state))
@@ -230,13 +230,14 @@ class NnxOptimizer(nnx.Pytree):
         grads = _checked_gradients(
             tx, params, _wrt_gradients(grads, self._trained), per_example, "NnxOptimizer.update", **_nnx_advice(self.wrt)
         )
-        opt_state = nnx.as_pure(self.opt_state)
-        groups = self._groups
-        seen = params if groups is None else groups.pack(params)  # what the transform sees
-        check_state(tx, opt_state, seen)
-        updates, new_state = tx.update(grads if groups is None else groups.pack(grads), opt_state, seen, **extra_args)
-        if groups is not None:
-            updates = groups.unpack(updates, params)
+        updates, new_state = update_in_layout(
+            tx,
+            self._groups,
+            grads,
+            nnx.as_pure(self.opt_state),
+            params,
+            lambda grads, state, params: tx.update(grads, state, params, **extra_args),
+        )
         if per_example:
             _check_reduced(tx, updates, params)
         nnx.update(model, modopt.apply_updates(params, updates))

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from ._checks import check_state
 from ._extra_args import declared_extra_args
 from .combinators._flatten import ravel, unravel
 
@@ -84,16 +86,35 @@ class LeafGroups(NamedTuple):
         return f"{count} small leaves grouped into {buffers}"
 
 
+def packed(groups: LeafGroups | None, tree: Any) -> Any:
+    """A params-shaped `tree` as the transform sees it: packed by `groups`, or as it is."""
+    return tree if groups is None else groups.pack(tree)
+
+
+def update_in_layout(
+    tx: Any, groups: LeafGroups | None, grads: Any, state: Any, params: Any, update: Callable[..., Any]
+) -> tuple[Any, Any]:
+    """`update(grads, state, params) -> (updates, state)` in the layout `state` was made for.
+
+    Gradients and parameters are packed by `groups` (left as they are for `None`), `state` is
+    checked against `tx` on them first, and the updates come back shaped like `params`.
+    """
+    seen = packed(groups, params)
+    check_state(tx, state, seen)
+    updates, state = update(packed(groups, grads), state, seen)
+    return (updates if groups is None else groups.unpack(updates, params)), state
+
+
 def plan_groups(tx: Any, params: Any) -> LeafGroups | None:
     """The groups `Optimizer` uses for `tx` on the trainable `params`, or `None` for none.
 
-    Leaves are grouped when `tx` acts elementwise, reads no extra argument shaped like (or a
-    function of) the parameters, and takes gradients shaped like the parameters; a leaf is
+    Leaves are grouped when `tx` acts elementwise (a transform reducing per-example gradients
+    does not) and reads no extra argument shaped like (or a function of) the parameters; a leaf is
     grouped when it holds at most `SMALL_LEAF` elements, with at least `MIN_SMALL_LEAVES` such
     leaves of its dtype. The plan depends on shapes and dtypes only, so an abstract optimizer
     (`jax.eval_shape`) has the layout of the one a jitted init creates.
     """
-    if not tx.acts_elementwise() or tx.takes_per_example_updates():
+    if not tx.acts_elementwise():
         return None
     if any(spec.of_params or spec.like_params for spec, *_ in declared_extra_args(tx).args.values()):
         return None

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._base import AbstractTransform, owned_init, owned_transform
-from ._checks import align_gradients, check_state
+from ._checks import align_gradients
 from ._extra_args import adapt_to_params, check_extra_args
 from ._fields import (
     as_static_tree,
@@ -20,7 +20,7 @@ from ._fields import (
     resolve_tree,
     static,
 )
-from ._grouping import LeafGroups, plan_groups
+from ._grouping import LeafGroups, packed, plan_groups, update_in_layout
 from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state, single_learning_rate
 from ._numerics import safe_increment
 from ._signature import ModelSignature
@@ -113,7 +113,7 @@ class Optimizer(eqx.Module):
                 raise ValueError("Optimizer: `mesh` and `zero_axis` need `shardings=` (the model's shardings).")
             self.layout = None
             self.groups = plan_groups(self.tx, params) if group_small_leaves else None
-            self.state = owned_init(self.tx, params if self.groups is None else self.groups.pack(params))
+            self.state = owned_init(self.tx, packed(self.groups, params))
             self.count = jnp.zeros([], jnp.int32)
             return
         self.groups = None
@@ -157,23 +157,22 @@ class Optimizer(eqx.Module):
         params, rest = eqx.partition(model, self._filter(model))
         per_example = self.tx.takes_per_example_updates()
         grads = align_gradients(model, params, grads, per_example)
-        seen = params if self.groups is None else self.groups.pack(params)  # what the transform sees
-        check_state(self.tx, self.state, seen)
         declared = check_extra_args(self.tx, extra_args, "Optimizer.step")
         as_params = lambda tree: _filled(params, align_gradients(model, params, tree))  # noqa: E731
         extra_args = adapt_to_params(declared, extra_args, lambda p: eqx.combine(p, rest), as_params)
         batch = _batch_size(grads) if per_example else None
-        filled = _filled(params, grads, batch)
-        if self.groups is not None:
-            filled = self.groups.pack(filled)
-        updates, state = update_on_mesh(self.tx, filled, self.state, seen, extra_args)
+        updates, state = update_in_layout(
+            self.tx,
+            self.groups,
+            _filled(params, grads, batch),
+            self.state,
+            params,
+            lambda grads, state, params: update_on_mesh(self.tx, grads, state, params, extra_args),
+        )
         if per_example:
             _check_reduced(self.tx, updates, params)
-        stepped = apply_updates(seen, updates)
-        if self.groups is not None:
-            stepped = self.groups.unpack(stepped, params)
         new_params = jax.tree_util.tree_map(
-            lambda old, new, g: old if g is None else new, params, stepped, grads, is_leaf=is_none
+            lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=is_none
         )
         if self.layout is not None:
             new_params, state = self.layout.impose(new_params, state)

@@ -1,12 +1,16 @@
-"""The public API modopt implements, by family, and a report of which names are present.
+"""The public APIs modopt implements, and a report of which names are present.
 
-Run `python -c "import modopt.catalog as c; c.report()"` for a bar per family and the
-list of any missing name. Dotted names live in a subpackage (`second_order.hessian_diag`).
+Two catalogs: the seeds' (`FAMILIES`, by family: the system modopt was specified as) and optax
+0.2.8's (`OPTAX`, by namespace: every public name optax's users can import today). Run
+`python -c "import modopt.catalog as c; c.report()"` for a bar per family and per namespace and
+the list of any missing name. Dotted names live in a subpackage (`second_order.hessian_diag`).
 """
 
 from __future__ import annotations
 
 import importlib
+
+from ._optax_names import OPTAX_0_2_8
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "optimizers": (
@@ -87,6 +91,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
+OPTAX: dict[str, tuple[str, ...]] = {
+    (f"optax.{namespace}" if namespace else "optax"): tuple(f"{namespace}.{n}" if namespace else n for n in names)
+    for namespace, names in OPTAX_0_2_8.items()
+}
+"""optax 0.2.8's public names by namespace, dotted as modopt spells them (`contrib.muon`)."""
+
+
 def present(name: str) -> bool:
     """Whether `name` (dotted for a subpackage) exists in modopt.
 
@@ -96,25 +107,40 @@ def present(name: str) -> bool:
     module = importlib.import_module("modopt")
     *packages, attribute = name.split(".")
     for package in packages:
-        try:
-            module = importlib.import_module(f"{module.__name__}.{package}")
+        try:  # a subpackage, or a namespace the package binds (`experimental.aggregating`)
+            module = getattr(module, package, None) or importlib.import_module(f"{module.__name__}.{package}")
         except ImportError:
             return False
     return hasattr(module, attribute)
 
 
 def report(width: int = 30) -> None:
-    """Prints a bar per family (names present / names in the family), then any missing name.
+    """Prints both catalogs: a bar per family (names present / names in the family), then any
+    missing name; the seeds' catalog first, optax 0.2.8's second.
 
     Args:
         width: the width of the bars, in characters.
     """
-    missing = []
-    for family, names in FAMILIES.items():
-        found = sum(present(name) for name in names)
+    for title, catalog in (("The seeds' catalog", FAMILIES), ("optax 0.2.8's public names", OPTAX)):
+        print(title)
+        _report(catalog, width)
+
+
+def missing(catalog: dict[str, tuple[str, ...]]) -> list[str]:
+    """The names of `catalog` (`FAMILIES` or `OPTAX`) that modopt lacks.
+
+    Args:
+        catalog: names by family, dotted for a subpackage.
+    """
+    return [name for names in catalog.values() for name in names if not present(name)]
+
+
+def _report(catalog: dict[str, tuple[str, ...]], width: int) -> None:
+    absent = missing(catalog)
+    for family, names in catalog.items():
+        found = sum(name not in absent for name in names)
         bar = "#" * round(width * found / len(names))
-        print(f"{family:<28} {bar:<{width}} {found:>3}/{len(names)}")
-        missing += [name for name in names if not present(name)]
-    total = sum(len(names) for names in FAMILIES.values())
-    print(f"{'all':<28} {'':<{width}} {total - len(missing):>3}/{total}")
-    print("missing: " + (", ".join(missing) if missing else "none"))
+        print(f"  {family:<28} {bar:<{width}} {found:>3}/{len(names)}")
+    total = sum(len(names) for names in catalog.values())
+    print(f"  {'all':<28} {'':<{width}} {total - len(absent):>3}/{total}")
+    print("  missing: " + (", ".join(absent) if absent else "none"))

@@ -1,4 +1,5 @@
-"""`modopt.catalog` lists the seeds' public names, and every one of them exists in modopt."""
+"""`modopt.catalog` lists the seeds' public names and optax 0.2.8's, and every one of them exists
+in modopt."""
 
 from __future__ import annotations
 
@@ -6,8 +7,33 @@ import modopt.catalog as catalog
 
 
 def test_every_catalog_name_is_present():
-    missing = [name for names in catalog.FAMILIES.values() for name in names if not catalog.present(name)]
-    assert missing == []
+    assert catalog.missing(catalog.FAMILIES) == []
+    assert catalog.missing(catalog.OPTAX) == []
+
+
+def test_the_optax_catalog_is_optax_0_2_8s_public_names():
+    """Every public name of optax's namespaces, read off the installed optax 0.2.8."""
+    import types
+
+    import optax
+    import pytest
+
+    if optax.__version__ != "0.2.8":
+        pytest.skip(f"the catalog lists optax 0.2.8's names; optax {optax.__version__} is installed")
+    for namespace, names in catalog.OPTAX.items():
+        module = optax
+        for part in namespace.split(".")[1:]:
+            module = getattr(module, part)
+        theirs = {
+            name
+            for name in dir(module)
+            if not name.startswith("_")
+            and not (isinstance(getattr(module, name), types.ModuleType) and not getattr(module, name).__name__.startswith(module.__name__ + "."))
+        }
+        ours = {name.rsplit(".", 1)[-1] for name in names}
+        assert ours <= theirs, f"{namespace}: names optax lacks {sorted(ours - theirs)}"
+        typing_names = {name for name in theirs - ours if name in {"Any", "NamedTuple", "Protocol", "Sequence", "Callable", "Optional", "Union"}}
+        assert theirs - ours == typing_names, f"{namespace}: names the catalog lacks {sorted(theirs - ours - typing_names)}"
 
 
 def test_present_is_false_for_names_modopt_lacks():
@@ -15,11 +41,11 @@ def test_present_is_false_for_names_modopt_lacks():
     assert not catalog.present("no_such_package.adam")
 
 
-def test_report_prints_a_line_per_family(capsys):
+def test_report_prints_a_line_per_family_of_both_catalogs(capsys):
     catalog.report()
     out = capsys.readouterr().out
-    assert all(family in out for family in catalog.FAMILIES)
-    assert "missing: none" in out
+    assert all(family in out for family in [*catalog.FAMILIES, *catalog.OPTAX])
+    assert out.count("missing: none") == 2
 
 
 def _readme_section(title: str) -> str:

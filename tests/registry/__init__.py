@@ -7,7 +7,7 @@ is skipped by name: an entry's fields say what applies to it.
 
 from __future__ import annotations
 
-from . import adaptive, contrib, core, diagnostics, inject, layerwise, linesearch, monitoring, privacy, special, trax, wrappers
+from . import adaptive, contrib, contrib_adaptive, core, diagnostics, inject, layerwise, linesearch, monitoring, privacy, special, trax, wrappers
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -24,6 +24,7 @@ ENTRIES: list[Entry] = [
     *diagnostics.ENTRIES,
     *privacy.ENTRIES,
     *contrib.ENTRIES,
+    *contrib_adaptive.ENTRIES,
     *trax.ENTRIES,
 ]
 

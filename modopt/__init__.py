@@ -5,14 +5,18 @@ Every transform is an `equinox.Module` whose fields are its hyperparameters, wit
 protocol). `modopt.Optimizer` wraps one with its state for `optimizer.step(model, grads)`.
 """
 
+from . import assignment as assignment
 from . import combinators as combinators
 from . import contrib as contrib
 from . import experimental as experimental
 from . import fields as fields
 from . import linalg as linalg
 from . import losses as losses
+from . import microbatching as microbatching
 from . import monte_carlo as monte_carlo
 from . import optimizers as optimizers
+from . import perturbations as perturbations
+from . import projections as projections
 from . import schedules as schedules
 from . import second_order as second_order
 from . import sharding as sharding
@@ -71,6 +75,7 @@ from ._updates import incremental_update as incremental_update
 from ._updates import periodic_update as periodic_update
 from .combinators import *  # noqa: F403
 from .linalg import matrix_inverse_pth_root as matrix_inverse_pth_root
+from .linalg import nnls as nnls
 from .linalg import power_iteration as power_iteration
 from .losses import convex_kl_divergence as convex_kl_divergence
 from .losses import cosine_distance as cosine_distance
@@ -87,6 +92,7 @@ from .losses import smooth_labels as smooth_labels
 from .losses import softmax_cross_entropy as softmax_cross_entropy
 from .losses import softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels
 from .losses import squared_error as squared_error
+from .microbatching import microbatch as microbatch
 from .monte_carlo import control_delta_method as control_delta_method
 from .monte_carlo import control_variates_jacobians as control_variates_jacobians
 from .monte_carlo import measure_valued_jacobians as measure_valued_jacobians

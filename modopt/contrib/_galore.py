@@ -1,0 +1,389 @@
+"""GaLore: an optimizer run on low-rank projections of matrix gradients (`scale_by_galore`,
+`galore`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from .. import fields
+from .._base import AbstractComposite, AbstractTransform, AbstractWrapper, as_transform
+from .._fields import FINITE, POSITIVE_INTEGER, StaticTree, hyperparameter, static
+from .._numerics import safe_increment
+from .._specs import REPLICATED, padded
+from .._trees import is_none
+from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
+from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
+
+
+class GaLoreDimensionNumbers(NamedTuple):
+    """Which axes of a parameter form the rows and the columns of the matrix GaLore projects.
+
+    The parameter is transposed to `(*reduction axes, *output axes)` and reshaped to the
+    matrix `(prod of reduction sizes, prod of output sizes)`; every axis must be in one of
+    the two groups. For attention weights stored as `(embed, heads, head_dim)`,
+    `GaLoreDimensionNumbers(reduction_axis=0, output_axis=(1, 2))` projects the
+    `(embed, heads * head_dim)` matrix.
+
+    reduction_axis: the axis or axes of the rows (the input dimension); negative counts from
+        the end.
+    output_axis: the axis or axes of the columns (the output dimension).
+    """
+
+    reduction_axis: Sequence[int] | int = 0
+    output_axis: Sequence[int] | int = 1
+
+
+class _Layout(NamedTuple):
+    """How one parameter is seen as an `(m, n)` matrix, and which side is projected."""
+
+    reduction: tuple[int, ...]  # the parameter's axes forming the rows
+    output: tuple[int, ...]  # the parameter's axes forming the columns
+    m: int
+    n: int
+    rank: int  # min(rank, m, n)
+
+    @property
+    def left(self) -> bool:
+        """Project the rows (`P^T G`, `P` of shape `(m, rank)`) when `m >= n`; else the columns."""
+        return self.m >= self.n
+
+    def to_matrix(self, x: jax.Array) -> jax.Array:
+        return x.transpose(self.reduction + self.output).reshape(self.m, self.n)
+
+    def from_matrix(self, x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        order = self.reduction + self.output
+        transposed = x.reshape(tuple(shape[axis] for axis in order))
+        return transposed.transpose(sorted(range(len(order)), key=order.__getitem__))
+
+    def projector_shape(self) -> tuple[int, int]:
+        return (self.m, self.rank) if self.left else (self.n, self.rank)
+
+    def proxy_shape(self) -> tuple[int, int]:
+        return (self.rank, self.n) if self.left else (self.m, self.rank)
+
+
+def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    return tuple(a % ndim for a in ((axis,) if isinstance(axis, int) else axis))
+
+
+def _layout(shape: tuple[int, ...], numbers: GaLoreDimensionNumbers, rank: int, path: str) -> _Layout:
+    if len(shape) < 2:
+        raise ValueError(f"GaLore projects parameters of rank >= 2; the one at {path} has shape {shape}.")
+    reduction, output = _axes(numbers.reduction_axis, len(shape)), _axes(numbers.output_axis, len(shape))
+    if set(reduction) & set(output):
+        raise ValueError(
+            f"GaLore: the reduction axes {reduction} and output axes {output} overlap for the parameter at "
+            f"{path} of shape {shape} ({numbers})."
+        )
+    if sorted(reduction + output) != list(range(len(shape))):
+        raise ValueError(
+            f"GaLore: every axis must be a reduction or an output axis; reduction {reduction} and output "
+            f"{output} do not cover the parameter at {path} of shape {shape}."
+        )
+    m, n = math.prod(shape[a] for a in reduction), math.prod(shape[a] for a in output)
+    return _Layout(reduction, output, m, n, min(rank, m, n))
+
+
+def _as_dimension_numbers(value: Any) -> Any:
+    """Converter: `None` and functions stay; a `GaLoreDimensionNumbers` or a tree of them
+    becomes a hashable `StaticTree` (it decides the shapes of the state)."""
+    if value is None or isinstance(value, StaticTree) or (callable(value) and not isinstance(value, tuple)):
+        return value
+    return StaticTree(value)
+
+
+def _is_numbers_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, GaLoreDimensionNumbers)
+
+
+def _as_base_optimizer(value: Any) -> AbstractTransform:
+    """Converter: `None` is `scale_by_adam()` (optax's default)."""
+    return ScaleByAdam() if value is None else as_transform(value, "galore: base_optimizer")
+
+
+class GaLoreState(NamedTuple):
+    """The state of `scale_by_galore`.
+
+    count: updates made so far (int32 scalar).
+    base_optimizer_state: the base optimizer's state, built on the projected shapes: `(rank, n)`
+        or `(m, rank)` for projected parameters, the parameter's shape for the others.
+    projector: per parameter, the projection `(m, rank)` (rows) or `(n, rank)` (columns) of
+        its matrix; `(0, 0)` for parameters that are not projected.
+    """
+
+    count: jax.Array
+    base_optimizer_state: Any
+    projector: Any
+
+
+class ScaleByGalore(AbstractWrapper):
+    r"""GaLore: runs a base optimizer on low-rank projections of matrix gradients.
+
+    Each projected parameter is seen as an `(m, n)` matrix `G` (2-D parameters by default;
+    see `weight_dimension_numbers`). With `r = min(rank, m, n)`, every `update_proj_gap`
+    steps (at steps 0, `update_proj_gap`, ...) the projection `P` is recomputed from the SVD
+    of the current gradient, `G = U S V^T` (in float32): `P = U[:, :r]` when `m >= n`, else
+    `P = V[:, :r]`. Then
+
+        R = P^T G   (m >= n)    or    R = G P   (m < n)
+        N = base_optimizer(R)
+        update = scale * P N    or    scale * N P^T
+
+    The base optimizer's state (Adam's moments by default) has the projected shapes, `(r, n)`
+    or `(m, r)`: the memory saving. Parameters that are not projected go through the base
+    optimizer at full shape (without `scale`, as in optax). `update` ignores `params` and the
+    base optimizer gets none: it must not need them (`scale_by_adam`, `scale_by_lion`,
+    `sgd(1.0)`, ...; not `adamw`: use `galore`'s `weight_decay`). Extra arguments reach it.
+
+    Sharding (`state_specs`): a projection `(m, r)` splits its `m` axis as the parameter
+    splits its row axes, and `(n, r)` its `n` axis as the parameter's column axes; the rank
+    axis is never split. A group of several axes keeps the split of its first axis when the
+    others are unsplit (the merged axis is then split in the same blocks), and is unsplit
+    otherwise. The projected moments `(r, n)` / `(m, r)` split their `n` / `m` axis the same
+    way, and the base optimizer places its state on those specs by its own rule. The
+    `(0, 0)` placeholders and the count are replicated; parameters that are not projected
+    keep the parameters' specs.
+
+    Args:
+        rank: the rank `r` of the projection, an integer >= 1 (static: it sets the shapes).
+        update_proj_gap: steps between recomputations of the projections, an integer >= 1.
+        scale: the factor of the projected-back updates (a finite number).
+        base_optimizer: the transform run on the projected gradients (modopt or optax); `None`
+            (the default) is `scale_by_adam()`.
+        weight_dimension_numbers: which parameters are projected, and how (static): `None`
+            projects the 2-D ones; one `GaLoreDimensionNumbers` applies to every parameter of
+            rank >= 2; a pytree shaped like the params with a `GaLoreDimensionNumbers` or `None`
+            (not projected) per leaf; or a function of the params returning such a pytree.
+
+    Example:
+        >>> tx = modopt.chain(modopt.contrib.scale_by_galore(rank=64), modopt.scale(-1e-3))
+
+    Reference: Zhao et al., 2024, "GaLore: Memory-Efficient LLM Training by Gradient Low-Rank
+    Projection", https://arxiv.org/abs/2403.03507
+    """
+
+    rank: int = static(default=128)
+    update_proj_gap: Any = hyperparameter(200, check=POSITIVE_INTEGER)
+    scale: Any = hyperparameter(1.0, check=FINITE)
+    inner: AbstractTransform = eqx.field(default=None, converter=_as_base_optimizer)
+    weight_dimension_numbers: Any = static(default=None, converter=_as_dimension_numbers)
+    inner_state_field = "base_optimizer_state"
+
+    def __init__(
+        self,
+        rank: int = 128,
+        update_proj_gap: Any = 200,
+        scale: Any = 1.0,
+        base_optimizer: Any = None,
+        weight_dimension_numbers: Any = None,
+    ):
+        self.rank = rank
+        self.update_proj_gap = update_proj_gap
+        self.scale = scale
+        self.inner = base_optimizer
+        self.weight_dimension_numbers = weight_dimension_numbers
+
+    def __check_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
+            raise TypeError(f"Invalid rank: {self.rank!r} of type {type(self.rank).__name__} (must be an int) in ScaleByGalore.")
+        if self.rank < 1:
+            raise ValueError(f"Invalid rank: {self.rank} (must be >= 1) in ScaleByGalore.")
+
+    @property
+    def base_optimizer(self) -> AbstractTransform:
+        """The transform run on the projected gradients."""
+        return self.inner
+
+    def layouts(self, params: Any) -> list[_Layout | None]:
+        """Per leaf of `params` (in flattening order), how it is projected, or `None`."""
+        spec = self.weight_dimension_numbers
+        flat = jax.tree_util.tree_flatten_with_path(params)[0]
+        if spec is None:
+            numbers = [GaLoreDimensionNumbers() if jnp.ndim(p) == 2 else None for _, p in flat]
+        elif isinstance(spec, StaticTree) and isinstance(spec.tree, GaLoreDimensionNumbers):
+            numbers = [spec.tree if jnp.ndim(p) >= 2 else None for _, p in flat]
+        else:
+            numbers = _per_leaf(spec(params) if callable(spec) else spec.tree, params)
+        return [
+            None if dims is None else _layout(tuple(jnp.shape(p)), dims, self.rank, jax.tree_util.keystr(path))
+            for (path, p), dims in zip(flat, numbers)
+        ]
+
+    def _proxies_and_projectors(self, params):
+        """The shapes the base optimizer sees, and the initial (zero) projections."""
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        proxies, projectors = [], []
+        for p, layout in zip(leaves, self.layouts(params)):
+            if layout is None:
+                proxies.append(jnp.zeros_like(p))
+                projectors.append(jnp.zeros((0, 0), p.dtype))
+            else:
+                proxies.append(jnp.zeros(layout.proxy_shape(), p.dtype))
+                projectors.append(jnp.zeros(layout.projector_shape(), p.dtype))
+        return treedef.unflatten(proxies), treedef.unflatten(projectors)
+
+    def init(self, params):
+        if not jax.tree_util.tree_leaves(params):
+            return GaLoreState(jnp.zeros([], jnp.int32), self.inner.init(params), params)
+        proxies, projectors = self._proxies_and_projectors(params)
+        return GaLoreState(
+            count=jnp.zeros([], jnp.int32), base_optimizer_state=self.inner.init(proxies), projector=projectors
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        del params
+        refresh = state.count % self.update_proj_gap == 0
+        leaves, treedef = jax.tree_util.tree_flatten(updates)
+        layouts = self.layouts(updates)
+        old_projectors = treedef.flatten_up_to(state.projector)
+        projected, projectors = [], []
+        for g, projector, layout in zip(leaves, old_projectors, layouts):
+            if layout is None:
+                projected.append(g)
+                projectors.append(projector)
+                continue
+            matrix = layout.to_matrix(g)
+            projector = jax.lax.cond(refresh, lambda m=matrix, lay=layout: _svd_projector(m, lay), lambda p=projector: p)
+            projected.append(projector.T @ matrix if layout.left else matrix @ projector)
+            projectors.append(projector)
+        low_rank, base_state = self.inner.update(
+            treedef.unflatten(projected), state.base_optimizer_state, None, **extra_args
+        )
+        full = []
+        for g, n, projector, layout in zip(leaves, treedef.flatten_up_to(low_rank), projectors, layouts):
+            if layout is None:
+                full.append(n)
+                continue
+            matrix = projector @ n if layout.left else n @ projector.T
+            full.append((self.scale * layout.from_matrix(matrix, g.shape)).astype(g.dtype))
+        new_state = GaLoreState(
+            count=safe_increment(state.count), base_optimizer_state=base_state, projector=treedef.unflatten(projectors)
+        )
+        return treedef.unflatten(full), new_state
+
+    def state_specs(self, params, param_specs):
+        if not jax.tree_util.tree_leaves(params):
+            return GaLoreState(REPLICATED, self.inner.state_specs(params, param_specs), param_specs)
+        treedef = jax.tree_util.tree_structure(params)
+        leaves, specs = treedef.flatten_up_to(params), treedef.flatten_up_to(param_specs)
+        proxy_specs, projector_specs = [], []
+        for p, spec, layout in zip(leaves, specs, self.layouts(params)):
+            if layout is None:
+                proxy_specs.append(spec)
+                projector_specs.append(REPLICATED)
+                continue
+            entries = padded(spec, len(p.shape))
+            rows, columns = _group_entry(entries, layout.reduction), _group_entry(entries, layout.output)
+            if layout.left:
+                projector_specs.append(PartitionSpec(rows, None))
+                proxy_specs.append(PartitionSpec(None, columns))
+            else:
+                projector_specs.append(PartitionSpec(columns, None))
+                proxy_specs.append(PartitionSpec(rows, None))
+        proxies = jax.eval_shape(lambda: self._proxies_and_projectors(params)[0])
+        return GaLoreState(
+            count=REPLICATED,
+            base_optimizer_state=self.inner.state_specs(proxies, treedef.unflatten(proxy_specs)),
+            projector=treedef.unflatten(projector_specs),
+        )
+
+
+def _svd_projector(matrix: jax.Array, layout: _Layout) -> jax.Array:
+    """The top-`rank` left (`m >= n`) or right singular vectors of `matrix`, in its dtype."""
+    u, _, vh = jnp.linalg.svd(matrix.astype(jnp.float32), full_matrices=False)
+    vectors = u[:, : layout.rank] if layout.left else vh[: layout.rank, :].T
+    return vectors.astype(matrix.dtype)
+
+
+def _group_entry(entries: tuple, axes: tuple[int, ...]) -> Any:
+    """The split of the axis merging `axes`: the first axis's, if the others are unsplit."""
+    if all(entries[axis] is None for axis in axes[1:]):
+        return entries[axes[0]]
+    return None
+
+
+def _per_leaf(numbers: Any, params: Any) -> list[GaLoreDimensionNumbers | None]:
+    """A tree of dimension numbers (shaped like the params, `None` for leaves not projected)
+    as one entry per leaf of `params`, with a clear error when the structures differ."""
+    treedef = jax.tree_util.tree_structure(params)
+    try:
+        aligned = jax.tree_util.tree_map(lambda p, d: None if p is None else d, params, numbers, is_leaf=is_none)
+        per_leaf = treedef.flatten_up_to(aligned)
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            "GaLore: weight_dimension_numbers must be shaped like the parameters, with a GaLoreDimensionNumbers "
+            f"or None per leaf ({error})."
+        ) from None
+    for (path, _), entry in zip(jax.tree_util.tree_flatten_with_path(params)[0], per_leaf):
+        if not _is_numbers_leaf(entry):
+            raise ValueError(
+                f"GaLore: weight_dimension_numbers has {entry!r} for the parameter at "
+                f"{jax.tree_util.keystr(path)} (expected a GaLoreDimensionNumbers or None)."
+            )
+    return per_leaf
+
+
+class Galore(AbstractComposite):
+    r"""GaLore: memory-efficient training of full parameters through low-rank gradients.
+
+    The gradients of matrices are projected onto the top-`rank` singular subspace of a recent
+    gradient (recomputed every `update_proj_gap` steps), the base optimizer (Adam by default)
+    runs there with states of the projected size, and its updates are projected back (see
+    `scale_by_galore`). Then, as AdamW:
+
+        params -= learning_rate * (scale * P N + weight_decay * params)
+
+    For an `(m, n)` matrix with `m >= n` and rank `r`, Adam keeps `2 r n` numbers instead of
+    `2 m n`, plus the projection `m r`.
+
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        rank: the rank of the projections, an integer >= 1 (static).
+        update_proj_gap: steps between recomputations of the projections, an integer >= 1.
+        scale: the factor of the projected-back updates (a finite number).
+        base_optimizer: the gradient transform run in the projected space, which must not need
+            the parameters (`scale_by_adam`, not `adamw`); `None` is `scale_by_adam()`. If it
+            has its own learning rate, set `learning_rate=1.0` here.
+        weight_decay: the coefficient of decoupled weight decay, applied at full shape (a number
+            or a schedule).
+        mask: which parameters the decay applies to: `None` for all, a pytree of bools shaped
+            like a prefix of the params, or a function of the params returning one.
+        weight_dimension_numbers: which parameters are projected and how (see
+            `scale_by_galore`); `None` projects the 2-D ones (static).
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.contrib.galore(1e-2, rank=16), model)
+
+    Reference: Zhao et al., 2024, "GaLore: Memory-Efficient LLM Training by Gradient Low-Rank
+    Projection", https://arxiv.org/abs/2403.03507
+    """
+
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
+    rank: int = static(default=128)
+    update_proj_gap: Any = hyperparameter(200, check=POSITIVE_INTEGER)
+    scale: Any = hyperparameter(1.0, check=FINITE)
+    base_optimizer: AbstractTransform = eqx.field(default=None, converter=_as_base_optimizer)
+    weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
+    mask: Any = fields.mask()
+    weight_dimension_numbers: Any = static(default=None, converter=_as_dimension_numbers)
+
+    def build(self):
+        return Chain(
+            ScaleByGalore(
+                self.rank, self.update_proj_gap, self.scale, self.base_optimizer, self.weight_dimension_numbers
+            ),
+            AddDecayedWeights(self.weight_decay, self.mask),
+            ScaleByLearningRate(self.learning_rate),
+        )
+
+
+scale_by_galore = ScaleByGalore
+galore = Galore

@@ -8,6 +8,7 @@ is skipped by name: an entry's fields say what applies to it.
 from __future__ import annotations
 
 from . import adaptive, contrib, contrib_adaptive, core, diagnostics, inject, layerwise, linesearch, monitoring, privacy, special, trax, wrappers
+from . import contrib_parameter_free
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -25,6 +26,7 @@ ENTRIES: list[Entry] = [
     *privacy.ENTRIES,
     *contrib.ENTRIES,
     *contrib_adaptive.ENTRIES,
+    *contrib_parameter_free.ENTRIES,
     *trax.ENTRIES,
 ]
 

@@ -1,0 +1,298 @@
+"""Learning-rate-free AdamW: D-Adaptation (`dadapt_adamw`) and Prodigy (`prodigy`).
+
+Both estimate `d`, the distance from the initial point to a solution, from the gradients
+seen so far, and step as AdamW would with learning rate `d * learning_rate`: give them a
+learning rate of 1 (or a schedule whose peak is 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import fields
+from .._base import AbstractTransform, require_params
+from .._fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, Rate, hyperparameter, static
+from .._numerics import safe_increment
+from .._trees import vdot, zeros_like
+from ..schedules._base import ScalarOrSchedule, value_at
+from ..transforms._real_only import reject_complex
+from ._mechanic import _lowest_dtype
+
+
+class DAdaptAdamWState(NamedTuple):
+    """The state of `dadapt_adamw`.
+
+    exp_avg: the EMA of `dlr * g` (the first moment, learning rate included), like the params.
+    exp_avg_sq: the EMA of `g**2`, like the params.
+    grad_sum: the EMA (decay `sqrt(b2)`) of `dlr * g`, like the params.
+    estim_lr: the current estimate `d` of the distance to a solution (a scalar).
+    numerator_weighted: the EMA (decay `sqrt(b2)`) of `dlr * <g, grad_sum / (sqrt(exp_avg_sq) + eps)>`.
+    count: updates made so far (int32 scalar).
+    """
+
+    exp_avg: Any
+    exp_avg_sq: Any
+    grad_sum: Any
+    estim_lr: jax.Array
+    numerator_weighted: jax.Array
+    count: jax.Array
+
+
+class ProdigyState(NamedTuple):
+    """The state of `prodigy`.
+
+    exp_avg: the EMA of `d * g`, like the params.
+    exp_avg_sq: the EMA of `(d * g)**2`, like the params.
+    grad_sum: the weighted sum (decay `beta3`) of the gradients, like the params.
+    params0: the initial parameters, from which the distance `d` is estimated.
+    estim_lr: the current estimate `d` of the distance to a solution (a scalar).
+    numerator_weighted: the weighted sum (decay `beta3`) of `d * dlr * <g, params0 - params>`.
+    count: updates made so far (int32 scalar).
+    """
+
+    exp_avg: Any
+    exp_avg_sq: Any
+    grad_sum: Any
+    params0: Any
+    estim_lr: jax.Array
+    numerator_weighted: jax.Array
+    count: jax.Array
+
+
+def betas_field():
+    """AdamW's `(beta1, beta2)` as one hyperparameter: a vector of two rates in [0, 1)."""
+    return fields.decay_rate((0.9, 0.999), ndim=1)
+
+
+def check_betas(betas: Any, owner: str) -> None:
+    shape = np.shape(betas.value if isinstance(betas, Rate) else betas)
+    if shape != (2,):
+        raise ValueError(f"Invalid betas: shape {shape} (must be a pair (beta1, beta2)) in {owner}.")
+
+
+def split_betas(betas: Rate) -> tuple[Rate, Rate]:
+    """The two rates of a `betas` pair, each with its exact complement."""
+    return Rate(betas.value[0], betas.complement[0]), Rate(betas.value[1], betas.complement[1])
+
+
+def square_root(rate: Rate) -> Rate:
+    """`sqrt(b)` as a rate: its complement `1 - sqrt(b) = (1 - b) / (1 + sqrt(b))` keeps the
+    precision of `1 - b` (computing `1 - sqrt(b)` in float32 would lose four digits at 0.999)."""
+    complement = rate.complement / (1 + jnp.sqrt(rate.value))
+    return Rate(1 - complement, complement)
+
+
+def like(x: Any, leaf: Any) -> jax.Array:
+    """A scalar in the dtype of `leaf`, as a Python number would act on it (bf16 stays bf16)."""
+    return jnp.asarray(x).astype(jnp.result_type(leaf))
+
+
+def adam_bias_correction(beta1: Rate, beta2: Rate, count: jax.Array) -> jax.Array:
+    """`sqrt(1 - beta2**t) / (1 - beta1**t)`: Adam's bias corrections folded into the step size."""
+    return (1 - beta2.value**count) ** 0.5 / (1 - beta1.value**count)
+
+
+def _moments_init(params: Any, owner: Any) -> tuple[Any, Any, Any, Any]:
+    """Zeros for the two moments and the gradient sum, and the scalars' dtype."""
+    reject_complex(params, owner)
+    dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
+    return zeros_like(params), zeros_like(params), zeros_like(params), dtype
+
+
+class DAdaptAdamW(AbstractTransform):
+    r"""D-Adaptation AdamW: AdamW whose learning rate is scaled by an estimate of the distance
+    to a solution, learned from the gradients.
+
+    With `lr` the learning rate (schedule) at the step, `d` the current estimate, `r = sqrt(b2)`,
+    `s` the gradient sum, `n` the numerator of the estimate and `m`, `v` AdamW's moments:
+
+        dlr = d * lr * sqrt(1 - b2^t) / (1 - b1^t)
+        n   = r * n + (1 - r) * dlr * <g, s / (sqrt(v) + eps)>        (s and v before the step)
+        m   = b1 * m + (1 - b1) * dlr * g
+        v   = b2 * v + (1 - b2) * g^2
+        s   = r * s + (1 - r) * dlr * g
+        d   = max(d, n / ((1 - r) * ||s||_1))
+        update = -weight_decay * dlr * params - m / (sqrt(v) + eps)
+
+    `d` starts at `estim_lr0` and never decreases. Give it `learning_rate=1` (or a schedule
+    whose peak is 1, such as a warmup then linear decay to 0). `update` needs `params`. Real
+    parameters only.
+
+    Args:
+        learning_rate: the factor on the estimated step size, a number >= 0 or a schedule of the
+            step count (1 by default).
+        betas: the decay rates `(b1, b2)` of AdamW's first and second moments, each in [0, 1).
+        eps: added to the square root of the second moment, >= 0.
+        estim_lr0: the initial (under-)estimate `d` of the distance to a solution, > 0.
+        weight_decay: the strength of AdamW's decoupled weight decay, multiplied by `dlr`.
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.contrib.dadapt_adamw(), model)
+        >>> model, optimizer = optimizer.step(model, grads)
+
+    Reference: Defazio and Mishchenko, 2023, "Learning-Rate-Free Learning by D-Adaptation",
+    https://arxiv.org/abs/2301.07733
+    """
+
+    learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
+    betas: Any = betas_field()
+    eps: Any = fields.eps(1e-8)
+    estim_lr0: Any = hyperparameter(1e-6, check=POSITIVE)
+    weight_decay: Any = hyperparameter(0.0, check=FINITE)
+
+    def __check_init__(self):
+        check_betas(self.betas, "DAdaptAdamW")
+
+    def init(self, params):
+        exp_avg, exp_avg_sq, grad_sum, dtype = _moments_init(params, self)
+        return DAdaptAdamWState(
+            exp_avg=exp_avg,
+            exp_avg_sq=exp_avg_sq,
+            grad_sum=grad_sum,
+            estim_lr=jnp.asarray(self.estim_lr0, dtype),
+            numerator_weighted=jnp.zeros([], dtype),
+            count=jnp.zeros([], jnp.int32),
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        require_params(params, self)
+        beta1, beta2 = split_betas(self.betas)
+        root = square_root(beta2)
+        count = safe_increment(state.count)
+        sched = value_at(self.learning_rate, state.count)
+        nw = state.numerator_weighted
+        dlr = (state.estim_lr * sched * like(adam_bias_correction(beta1, beta2, count), state.estim_lr)).astype(nw.dtype)
+        eps = self.eps
+
+        weighted_sum = jax.tree_util.tree_map(lambda s, v: s / (jnp.sqrt(v) + eps), state.grad_sum, state.exp_avg_sq)
+        numerator_acum = vdot(updates, weighted_sum)
+        exp_avg = jax.tree_util.tree_map(
+            lambda m, g: like(beta1.value, m) * m + like(beta1.complement, m) * dlr * g, state.exp_avg, updates
+        )
+        exp_avg_sq = jax.tree_util.tree_map(
+            lambda v, g: like(beta2.value, v) * v + like(beta2.complement, v) * g * g, state.exp_avg_sq, updates
+        )
+        grad_sum = jax.tree_util.tree_map(
+            lambda s, g: like(root.value, s) * s + like(root.complement, s) * dlr * g, state.grad_sum, updates
+        )
+        grad_sum_l1 = _l1(grad_sum)
+        nw = like(root.value, nw) * nw + like(root.complement, nw) * dlr * numerator_acum
+        estim_lr = jnp.maximum(state.estim_lr, nw / (like(root.complement, nw) * grad_sum_l1))
+        wd = self.weight_decay
+        new_updates = jax.tree_util.tree_map(
+            lambda m, v, p: -wd * dlr * p - m / (jnp.sqrt(v) + eps), exp_avg, exp_avg_sq, params
+        )
+        return new_updates, DAdaptAdamWState(exp_avg, exp_avg_sq, grad_sum, estim_lr, nw, count)
+
+    def learning_rates(self, state):
+        return {"learning_rate": value_at(self.learning_rate, state.count)}
+
+
+class Prodigy(AbstractTransform):
+    r"""Prodigy: learning-rate-free AdamW, a D-Adaptation that adapts faster.
+
+    Like `dadapt_adamw`, AdamW's step is scaled by an estimate `d` of the distance to a
+    solution, here estimated from the distance travelled, `params0 - params`, weighting recent
+    gradients more. Per step, with `lr` the learning rate (schedule) at the step:
+
+        dlr = d * lr * sqrt(1 - b2^t) / (1 - b1^t)
+        m   = b1 * m + (1 - b1) * d * g
+        v   = b2 * v + (1 - b2) * (d * g)^2
+        s   = beta3 * s + (d / d0) * dlr * g          (d * g * d / d0 with safeguard_warmup)
+        n   = beta3 * n + (d / d0) * dlr * <g, params0 - params>
+        d   = max(d, estim_lr_coef * n / ||s||_1)
+        update = -weight_decay * dlr * params - dlr * m / (sqrt(v) + d * eps)
+
+    with `d0 = estim_lr0` and `d` the estimate before the step except in the update. `d`
+    never decreases. Give it `learning_rate=1` (or a schedule whose peak is 1, such as a
+    warmup then linear decay to 0). `update` needs `params`. Real parameters only.
+
+    Args:
+        learning_rate: the factor on the estimated step size, a number >= 0 or a schedule of the
+            step count (1 by default).
+        betas: the decay rates `(b1, b2)` of AdamW's first and second moments, each in [0, 1).
+        beta3: the decay of the weighted sums `s` and `n`, in [0, 1]; `None` uses `sqrt(b2)`.
+        eps: added to the square root of the second moment (times `d`), >= 0.
+        estim_lr0: the initial (under-)estimate `d0` of the distance to a solution, > 0.
+        estim_lr_coef: a factor on each estimate of `d`, >= 0.
+        weight_decay: the strength of AdamW's decoupled weight decay, multiplied by `dlr`.
+        safeguard_warmup: leave the learning rate out of the gradient sum `s` (the denominator of
+            the estimate), which keeps `d` from growing too fast during a warmup (static).
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.contrib.prodigy(), model)
+        >>> model, optimizer = optimizer.step(model, grads)
+
+    Reference: Mishchenko and Defazio, 2023, "Prodigy: An Expeditiously Adaptive
+    Parameter-Free Learner", https://arxiv.org/abs/2306.06101
+    """
+
+    learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
+    betas: Any = betas_field()
+    beta3: Any = hyperparameter(None, check=UNIT)
+    eps: Any = fields.eps(1e-8)
+    estim_lr0: Any = hyperparameter(1e-6, check=POSITIVE)
+    estim_lr_coef: Any = hyperparameter(1.0, check=NONNEGATIVE)
+    weight_decay: Any = hyperparameter(0.0, check=FINITE)
+    safeguard_warmup: bool = static(default=False)
+
+    def __check_init__(self):
+        check_betas(self.betas, "Prodigy")
+
+    def init(self, params):
+        exp_avg, exp_avg_sq, grad_sum, dtype = _moments_init(params, self)
+        return ProdigyState(
+            exp_avg=exp_avg,
+            exp_avg_sq=exp_avg_sq,
+            grad_sum=grad_sum,
+            # A copy: the state is donated to jitted steps alongside the parameters.
+            params0=jax.tree_util.tree_map(jnp.copy, params),
+            estim_lr=jnp.asarray(self.estim_lr0, dtype),
+            numerator_weighted=jnp.zeros([], dtype),
+            count=jnp.zeros([], jnp.int32),
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        require_params(params, self)
+        beta1, beta2 = split_betas(self.betas)
+        beta3 = square_root(beta2).value if self.beta3 is None else self.beta3
+        count = safe_increment(state.count)
+        sched = value_at(self.learning_rate, state.count)
+        d, d0, eps = state.estim_lr, self.estim_lr0, self.eps
+        dlr = jnp.asarray(d * sched * like(adam_bias_correction(beta1, beta2, count), d), d.dtype)
+
+        dg = jax.tree_util.tree_map(lambda g: d * g, updates)
+        numerator_acum = vdot(updates, jax.tree_util.tree_map(lambda p0, p: p0 - p, state.params0, params))
+        exp_avg = jax.tree_util.tree_map(
+            lambda m, x: like(beta1.value, m) * m + like(beta1.complement, m) * x, state.exp_avg, dg
+        )
+        exp_avg_sq = jax.tree_util.tree_map(
+            lambda v, x: like(beta2.value, v) * v + like(beta2.complement, v) * x * x, state.exp_avg_sq, dg
+        )
+        step = d if self.safeguard_warmup else dlr
+        grad_sum = jax.tree_util.tree_map(lambda s, x: like(beta3, s) * s + step * x / d0, state.grad_sum, dg)
+        nw = state.numerator_weighted
+        nw = like(beta3, nw) * nw + (d / d0) * dlr * numerator_acum
+        estim_lr = jnp.maximum(d, self.estim_lr_coef * nw / _l1(grad_sum))
+        wd = self.weight_decay
+        new_updates = jax.tree_util.tree_map(
+            lambda m, v, p: -wd * dlr * p - dlr * m / (jnp.sqrt(v) + estim_lr * eps), exp_avg, exp_avg_sq, params
+        )
+        return new_updates, ProdigyState(exp_avg, exp_avg_sq, grad_sum, state.params0, estim_lr, nw, count)
+
+    def learning_rates(self, state):
+        return {"learning_rate": value_at(self.learning_rate, state.count)}
+
+
+def _l1(tree: Any) -> jax.Array:
+    """`sum |x|` over every element of every leaf."""
+    sums = [jnp.sum(jnp.abs(x)) for x in jax.tree_util.tree_leaves(tree)]
+    return sum(sums) if sums else jnp.zeros([], jnp.float32)
+
+
+dadapt_adamw = DAdaptAdamW
+prodigy = Prodigy

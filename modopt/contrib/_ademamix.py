@@ -12,7 +12,7 @@ from .._base import AbstractComposite, AbstractTransform
 from .._fields import FINITE_NONNEGATIVE, PROBABILITY_EXCLUSIVE, as_rate
 from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
 from .._numerics import safe_increment
-from .._trees import cast, cast_like, map_updates, zeros_like
+from .._trees import cast_like, map_updates, zeros_like
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, as_schedule, value_at
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
@@ -105,8 +105,8 @@ class ScaleByAdemamix(AbstractTransform):
         return new_updates, ScaleByAdemamixState(
             count=count,
             count_m2=safe_increment(state.count_m2),
-            m1=cast(cast_like(m1, state.m1), self.mu_dtype),
-            m2=cast(cast_like(m2, state.m2), self.mu_dtype),
+            m1=cast_like(m1, state.m1),  # the dtype of `init`: `mu_dtype`, or the params'
+            m2=cast_like(m2, state.m2),
             nu=cast_like(nu, state.nu),
         )
 

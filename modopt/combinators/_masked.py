@@ -21,6 +21,19 @@ class MaskedState(NamedTuple):
     inner_state: Any
 
 
+def stands_in_for_params(tree: Any) -> bool:
+    """Whether `tree` stands in for a whole parameter tree: a pytree node without children that is
+    no container. `tree.map_params` (modopt's and optax's) calls `init` on one to find where a
+    state holds trees shaped like the parameters; there is nothing to mask or label in it."""
+    treedef = jax.tree_util.tree_structure(tree)
+    return (
+        treedef.num_nodes == 1
+        and treedef.num_leaves == 0
+        and tree is not None
+        and not isinstance(tree, (dict, list, tuple))
+    )
+
+
 def mask_tree(tree: Any, mask: Any) -> Any:
     """`tree` with every subtree whose mask entry is `False` replaced by `MaskedNode()`."""
     return jax.tree_util.tree_map(lambda m, t: t if m else MaskedNode(), mask, tree)
@@ -65,6 +78,8 @@ class Masked(AbstractWrapper):
         return mask
 
     def init(self, params):
+        if stands_in_for_params(params):
+            return MaskedState(inner_state=self.inner.init(params))
         return MaskedState(inner_state=self.inner.init(self.inner_view(params, params)))
 
     def update(self, updates, state, params=None, **extra_args):

@@ -10,7 +10,7 @@ import jax
 
 from .._base import AbstractTransform, Part, as_transform
 from .._fields import as_static_tree, resolve_tree, static
-from ._masked import Masked
+from ._masked import Masked, MaskedState, stands_in_for_params
 
 
 class PartitionState(NamedTuple):
@@ -71,6 +71,8 @@ class Partition(AbstractTransform):
         }
 
     def init(self, params):
+        if stands_in_for_params(params):  # no labels to resolve on `tree.map_params`' stand-in
+            return PartitionState({label: MaskedState(tx.init(params)) for label, tx in self.transforms.items()})
         return PartitionState({label: g.init(params) for label, g in self._groups(params).items()})
 
     def state_specs(self, params, param_specs):

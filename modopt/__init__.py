@@ -22,6 +22,8 @@ from . import second_order as second_order
 from . import sharding as sharding
 from . import transforms as transforms
 from . import trax as trax
+from . import tree as tree
+from . import tree_utils as tree_utils
 from ._base import AbstractComposite as AbstractComposite
 from ._base import AbstractTransform as AbstractTransform
 from ._base import AbstractWrapper as AbstractWrapper
@@ -82,12 +84,16 @@ from .losses import cosine_distance as cosine_distance
 from .losses import cosine_similarity as cosine_similarity
 from .losses import ctc_loss as ctc_loss
 from .losses import ctc_loss_with_forward_probs as ctc_loss_with_forward_probs
+from .losses import generalized_kl_divergence as generalized_kl_divergence
 from .losses import hinge_loss as hinge_loss
 from .losses import huber_loss as huber_loss
 from .losses import kl_divergence as kl_divergence
 from .losses import l2_loss as l2_loss
 from .losses import log_cosh as log_cosh
+from .losses import ntxent as ntxent
+from .losses import safe_softmax_cross_entropy as safe_softmax_cross_entropy
 from .losses import sigmoid_binary_cross_entropy as sigmoid_binary_cross_entropy
+from .losses import sigmoid_focal_loss as sigmoid_focal_loss
 from .losses import smooth_labels as smooth_labels
 from .losses import softmax_cross_entropy as softmax_cross_entropy
 from .losses import softmax_cross_entropy_with_integer_labels as softmax_cross_entropy_with_integer_labels
@@ -103,5 +109,7 @@ from .monte_carlo import score_function_jacobians as score_function_jacobians
 from .optimizers import *  # noqa: F403
 from .schedules import *  # noqa: F403
 from .transforms import *  # noqa: F403
+
+tree_map_params = tree.map_params  # optax.tree_map_params
 
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
 import numpy as np
 
 from . import _inputs
@@ -72,12 +73,20 @@ def sigmoid_binary_cross_entropy(logits: Any, labels: Any) -> jax.Array:
     Reference: Goodfellow, Bengio & Courville, 2016, "Deep Learning", section 6.2.2.2,
     http://www.deeplearningbook.org/contents/mlp.html
     """
-    loss = "sigmoid_binary_cross_entropy"
+    return _sigmoid_cross_entropy("sigmoid_binary_cross_entropy", logits, labels)[0]
+
+
+def _sigmoid_cross_entropy(loss: str, logits: Any, labels: Any):
+    """Checked element-wise sigmoid cross entropy, with `log sigmoid(+-x)` and the cast labels.
+
+    Returns `(cross_entropy, log_p, log_not_p, labels)`, for the losses built on it.
+    """
     logits = _inputs.floating(loss, "logits", logits)
     labels = _inputs.real(loss, "labels", labels)
     _inputs.broadcast(loss, "logits", logits, "labels", labels)
     labels = labels.astype(logits.dtype)
-    return -labels * jax.nn.log_sigmoid(logits) - (1.0 - labels) * jax.nn.log_sigmoid(-logits)
+    log_p, log_not_p = jax.nn.log_sigmoid(logits), jax.nn.log_sigmoid(-logits)
+    return -labels * log_p - (1.0 - labels) * log_not_p, log_p, log_not_p, labels
 
 
 def _probability_labels(loss: str, labels: Any, logits: jax.Array) -> jax.Array:
@@ -125,7 +134,14 @@ def softmax_cross_entropy(logits: Any, labels: Any, axis: Any = -1, where: Any =
     Reference: Goodfellow, Bengio & Courville, 2016, "Deep Learning", section 6.2.2.3,
     http://www.deeplearningbook.org/contents/mlp.html
     """
-    loss = "softmax_cross_entropy"
+    return _cross_entropy("softmax_cross_entropy", logits, labels, axis, where)[0]
+
+
+def _cross_entropy(loss: str, logits: Any, labels: Any, axis: Any, where: Any):
+    """Checked softmax cross entropy, with the labels, softmax and mask it used.
+
+    Returns `(cross_entropy, labels, log_probs, where)`, for the losses built on it.
+    """
     logits = _inputs.floating(loss, "logits", logits)
     labels = _probability_labels(loss, labels, logits)
     _inputs.broadcast(loss, "logits", logits, "labels", labels)
@@ -133,8 +149,9 @@ def softmax_cross_entropy(logits: Any, labels: Any, axis: Any = -1, where: Any =
     where = _inputs.mask(loss, where, logits.shape, "logits", expand=axes)
     log_probs = jax.nn.log_softmax(logits, axis=axis, where=where)
     # 0 * log(0) is 0 here, not NaN; where the label is non-zero, `-inf` stays `-inf`.
-    log_probs = jnp.where((labels == 0) & jnp.isneginf(log_probs), jnp.zeros_like(log_probs), log_probs)
-    return -jnp.sum(labels * log_probs, axis=axis, where=where)
+    safe_log_probs = jnp.where((labels == 0) & jnp.isneginf(log_probs), jnp.zeros_like(log_probs), log_probs)
+    cross_entropy = -jnp.sum(labels * safe_log_probs, axis=axis, where=where)
+    return cross_entropy, labels, log_probs, where
 
 
 def softmax_cross_entropy_with_integer_labels(
@@ -253,3 +270,119 @@ def smooth_labels(labels: Any, alpha: Any, *, axis: Any = -1, where: Any = None)
     else:
         num_classes = jnp.sum(jnp.broadcast_to(where, labels.shape), axis=axes, keepdims=True)
     return (1.0 - alpha) * labels + alpha / num_classes
+
+
+def safe_softmax_cross_entropy(logits: Any, labels: Any) -> jax.Array:
+    r"""Softmax cross entropy over the last axis, with `0 log 0 = 0` for `-inf` logits.
+
+    $$\ell(x, y) = -\sum_j y_j \log \frac{e^{x_j}}{\sum_k e^{x_k}}$$
+
+    where a class with label 0 contributes 0 even where its logit is `-inf`. modopt's
+    `softmax_cross_entropy` follows the same convention, so this is that loss over the last
+    axis; optax keeps both names because its `softmax_cross_entropy` gives NaN there.
+
+    Args:
+        logits: floating-point logits of shape `[..., num_classes]`; `-inf` masks a class out.
+        labels: floating-point probability distributions over the classes (non-negative,
+            summing to 1), broadcastable with `logits`.
+
+    Returns:
+        The cross entropies, of shape `[...]`.
+
+    Example:
+        >>> logits = jnp.array([0.0, 0.0, -jnp.inf])
+        >>> modopt.losses.safe_softmax_cross_entropy(logits, jnp.array([0.5, 0.5, 0.0]))  # log 2
+        Array(0.6931472, dtype=float32)
+
+    Reference: Goodfellow, Bengio & Courville, 2016, "Deep Learning", section 6.2.2.3,
+    http://www.deeplearningbook.org/contents/mlp.html
+    """
+    return _cross_entropy("safe_softmax_cross_entropy", logits, labels, -1, None)[0]
+
+
+def poly_loss_cross_entropy(
+    logits: Any, labels: Any, *, epsilon: Any = 2.0, axis: Any = -1, where: Any = None
+) -> jax.Array:
+    r"""Poly-1 loss: softmax cross entropy plus `epsilon` times the first polynomial term.
+
+    Cross entropy is the series $-\log p_t = \sum_{j \ge 1} (1 - p_t)^j / j$; PolyLoss-1
+    raises the weight of its first term by `epsilon`. With `p = softmax(x)` over the class axis:
+
+    $$\ell(x, y) = -\sum_j y_j \log p_j + \epsilon \sum_j y_j (1 - p_j)$$
+
+    which is $-\log p_t + \epsilon (1 - p_t)$ for one-hot labels.
+
+    Args:
+        logits: floating-point logits of shape `[..., num_classes]`.
+        labels: floating-point probability distributions over the classes, broadcastable
+            with `logits`.
+        epsilon: weight of the term `1 - p_t`; the paper suggests 2 for ImageNet
+            classification and -1 for detection and segmentation (tune it per task).
+        axis: the class axis or axes (default -1), or `None` for all axes.
+        where: optional boolean mask of the classes to include, broadcastable to the shape of
+            `logits`, or of the rank of `logits` without the class axes (masking whole examples).
+
+    Returns:
+        The losses, with the shape of `logits` without the class axes.
+
+    Example:
+        >>> logits = jnp.array([0.0, 0.0])  # p_t = 1/2
+        >>> modopt.losses.poly_loss_cross_entropy(logits, jnp.array([1.0, 0.0]), epsilon=2.0)  # log 2 + 1
+        Array(1.6931472, dtype=float32)
+
+    Reference: Leng et al., 2022, "PolyLoss: A Polynomial Expansion Perspective of
+    Classification Loss Functions", https://arxiv.org/abs/2204.12511
+    """
+    loss = "poly_loss_cross_entropy"
+    cross_entropy, labels, log_probs, where = _cross_entropy(loss, logits, labels, axis, where)
+    one_minus_pt = jnp.sum(labels * (1 - jnp.exp(log_probs)), axis=axis, where=where)
+    return cross_entropy + epsilon * one_minus_pt
+
+
+def sigmoid_focal_loss(logits: Any, labels: Any, *, alpha: Any = None, gamma: Any = 2.0) -> jax.Array:
+    r"""Focal loss: sigmoid cross entropy scaled down on well-classified examples.
+
+    With `p = sigmoid(x)` and $p_t = y p + (1 - y)(1 - p)$ the probability given to the label:
+
+    $$\ell(x, y) = \alpha_t\, (1 - p_t)^\gamma\, \mathrm{BCE}(x, y), \qquad
+    \alpha_t = \alpha y + (1 - \alpha)(1 - y)$$
+
+    ($\alpha_t = 1$ without `alpha`). The factor $(1 - p_t)^\gamma$ is computed in log
+    space, $\exp(\gamma \log((1 - y) p + y (1 - p)))$, so it stays accurate for large logits
+    and for `gamma < 1`; `gamma = 0` gives `sigmoid_binary_cross_entropy` exactly. Soft labels
+    in [0, 1] are allowed.
+
+    Args:
+        logits: floating-point logits `x`, any shape.
+        labels: the targets `y` in [0, 1] (binary labels may be integer or boolean),
+            broadcastable with `logits`; cast to the dtype of `logits`.
+        alpha: optional weight of the positive class in (0, 1), the negative one getting
+            `1 - alpha`; `None` (default) weighs both alike.
+        gamma: the focusing exponent, `>= 0` (default 2); larger values focus the loss more
+            on the hard examples.
+
+    Returns:
+        The losses, with the broadcast shape of the inputs.
+
+    Example:
+        >>> # p_t = 1/2: (1/2)^2 log 2
+        >>> modopt.losses.sigmoid_focal_loss(jnp.array([0.0]), jnp.array([1.0]))
+        Array([0.1732868], dtype=float32)
+
+    Reference: Lin et al., 2017, "Focal Loss for Dense Object Detection",
+    https://arxiv.org/abs/1708.02002
+    """
+    loss = "sigmoid_focal_loss"
+    _inputs.number_in(loss, "gamma", gamma, ">= 0", lambda g: bool(np.all(g >= 0)))
+    if alpha is not None:
+        _inputs.number_in(loss, "alpha", alpha, "in [0, 1]", lambda a: bool(np.all((a >= 0) & (a <= 1))))
+    cross_entropy, log_p, log_not_p, labels = _sigmoid_cross_entropy(loss, logits, labels)
+    # log(1 - p_t) = log((1 - y) p + y (1 - p)), stable for logits of either sign.
+    log_p, log_not_p, labels = jnp.broadcast_arrays(log_p, log_not_p, labels)
+    log_one_minus_pt = jax.scipy.special.logsumexp(
+        jnp.stack([log_p, log_not_p], axis=-1), axis=-1, b=jnp.stack([1 - labels, labels], axis=-1)
+    )
+    focal = cross_entropy * jnp.exp(gamma * log_one_minus_pt)
+    if alpha is None:
+        return focal
+    return (alpha * labels + (1.0 - alpha) * (1.0 - labels)) * focal

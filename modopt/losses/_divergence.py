@@ -69,14 +69,46 @@ def kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, where: Any
     return jnp.sum(_kl_terms(log_p, q), axis=axis, where=where)
 
 
-def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, where: Any = None) -> jax.Array:
-    r"""Generalized Kullback-Leibler divergence, jointly convex in `targets` and `exp(log_predictions)`.
+def generalized_kl_divergence(
+    log_predictions: Any, targets: Any, axis: Any = -1, where: Any = None
+) -> jax.Array:
+    r"""Generalized Kullback-Leibler divergence, for unnormalized non-negative measures.
 
     $$D(q \,\|\, p) = \sum_j q_j (\log q_j - \log p_j) + \sum_j (p_j - q_j)$$
 
     The second sum is 0 for normalized distributions, so this is `kl_divergence` there; it
     stays a divergence (non-negative, 0 only at `p = q`) for unnormalized non-negative
-    measures. It is the Bregman divergence of `x log x - x`.
+    measures, jointly convex in `(q, p)`. It is the Bregman divergence of `x log x - x`.
+    Terms with `q_j = 0` contribute `p_j` (the convention `0 log 0 = 0`).
+
+    Args:
+        log_predictions: floating-point log-probabilities `log p` of shape `[..., dim]`.
+        targets: floating-point non-negative `q`, broadcastable with `log_predictions`.
+        axis: the axis or axes of the distribution (default -1), or `None` for all.
+        where: optional boolean mask of the entries to include, as in `kl_divergence`.
+
+    Returns:
+        The divergences, with the broadcast shape of the inputs without `axis`.
+
+    Example:
+        >>> log_p = jnp.log(jnp.array([1.0, 1.0]))
+        >>> modopt.losses.generalized_kl_divergence(log_p, jnp.array([0.5, 0.5]))
+        Array(0.30685282, dtype=float32)
+
+    Reference: Boyd & Vandenberghe, 2004, "Convex Optimization", p. 90,
+    https://stanford.edu/~boyd/cvxbook/; Bregman, 1967,
+    https://doi.org/10.1016/0041-5553(67)90040-7
+    """
+    return _generalized_kl("generalized_kl_divergence", log_predictions, targets, axis, where)
+
+
+def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, where: Any = None) -> jax.Array:
+    r"""`generalized_kl_divergence` under its older name (deprecated in optax 0.2.8).
+
+    $$D(q \,\|\, p) = \sum_j q_j (\log q_j - \log p_j) + \sum_j (p_j - q_j)$$
+
+    The same function as `generalized_kl_divergence`; errors name `convex_kl_divergence`.
+    optax 0.2.8 warns when it is called; modopt keeps it without a warning.
 
     Args:
         log_predictions: floating-point log-probabilities `log p` of shape `[..., dim]`.
@@ -95,9 +127,57 @@ def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, whe
     Reference: Kullback & Leibler, 1951, https://doi.org/10.1214/aoms/1177729694; Boyd &
     Vandenberghe, 2004, "Convex Optimization", p. 90.
     """
-    log_p, q, where = _distributions("convex_kl_divergence", log_predictions, targets, axis, where)
+    return _generalized_kl("convex_kl_divergence", log_predictions, targets, axis, where)
+
+
+def _generalized_kl(loss: str, log_predictions: Any, targets: Any, axis: Any, where: Any) -> jax.Array:
+    log_p, q, where = _distributions(loss, log_predictions, targets, axis, where)
     kl = jnp.sum(_kl_terms(log_p, q), axis=axis, where=where)
     return kl + jnp.sum(jnp.exp(log_p) - q, axis=axis, where=where)
+
+
+def kl_divergence_with_log_targets(
+    log_predictions: Any, log_targets: Any, axis: Any = -1, where: Any = None
+) -> jax.Array:
+    r"""Kullback-Leibler divergence `KL(targets || predictions)`, both given as logs.
+
+    $$\mathrm{KL}(q \,\|\, p) = \sum_j e^{\log q_j} (\log q_j - \log p_j)$$
+
+    `kl_divergence` with the targets in log space, for targets too small to store as
+    probabilities. Terms with `log q_j = -inf` are 0 with a zero gradient (optax gives NaN
+    there).
+
+    Args:
+        log_predictions: floating-point log-probabilities `log p` of shape `[..., dim]`.
+        log_targets: floating-point log-probabilities `log q`, broadcastable with
+            `log_predictions`.
+        axis: the axis or axes of the distribution (default -1), or `None` for all.
+        where: optional boolean mask of the entries to include, broadcastable to the shape
+            of the inputs.
+
+    Returns:
+        The divergences, with the broadcast shape of the inputs without `axis`.
+
+    Example:
+        >>> log_p = jnp.log(jnp.array([0.5, 0.5]))
+        >>> modopt.losses.kl_divergence_with_log_targets(log_p, jnp.array([0.0, -jnp.inf]))
+        Array(0.6931472, dtype=float32)
+
+    Reference: Kullback & Leibler, 1951, "On Information and Sufficiency",
+    https://doi.org/10.1214/aoms/1177729694
+    """
+    loss = "kl_divergence_with_log_targets"
+    log_p = _inputs.floating(loss, "log_predictions", log_predictions)
+    log_q = _inputs.floating(loss, "log_targets", log_targets)
+    shape = _inputs.broadcast(loss, "log_predictions", log_p, "log_targets", log_q)
+    _inputs.axes(loss, axis, len(shape), "the inputs")
+    where = _inputs.mask(loss, where, shape, "the inputs")
+    # Where q = 0 the unused branch sees log q = log p = 0, so no inf - inf reaches the gradients.
+    zero = jnp.isneginf(log_q)
+    log_q = jnp.where(zero, jnp.zeros_like(log_q), log_q)
+    log_p = jnp.where(zero, jnp.zeros_like(log_p), log_p)
+    terms = jnp.where(zero, 0.0, jnp.exp(log_q) * (log_q - log_p))
+    return jnp.sum(terms, axis=axis, where=where)
 
 
 def cosine_similarity(

@@ -149,6 +149,7 @@ def mask(
             f"{loss}: where must be a boolean mask, got the {_kind(where.dtype)} dtype {where.dtype}; "
             "use e.g. `where=mask > 0`."
         )
+    given = where.shape
     if expand is not None and expand and where.ndim == len(shape) - len(expand):
         where = jnp.expand_dims(where, expand)
     try:
@@ -157,9 +158,7 @@ def mask(
         fits = False
     if not fits:
         without = "" if not expand else f", or to that shape without the reduced axis {_shown_axis(expand)}"
-        raise ValueError(
-            f"{loss}: where of shape {where.shape} does not broadcast to {of} of shape {shape}{without}."
-        )
+        raise ValueError(f"{loss}: where of shape {given} does not broadcast to {of} of shape {shape}{without}.")
     return where
 
 
@@ -174,3 +173,31 @@ def number_in(loss: str, name: str, value: Any, description: str, ok: Any) -> No
         raise ValueError(
             f"Invalid {name}: {shown[()] if shown.ndim == 0 else shown} (must be {description}) in {loss}."
         )
+
+
+def class_indices(loss: str, labels: Any, scores_name: str, scores: jax.Array) -> jax.Array:
+    """Integer class `labels` for `scores` of shape `[..., num_classes]`: labels of shape `[...]`.
+
+    The labels' shape must broadcast to the shape of `scores` without its last (class) axis.
+    """
+    labels = as_array(loss, "labels", labels)
+    if jnp.issubdtype(labels.dtype, jnp.floating) and labels.ndim == scores.ndim:
+        hint = "these look like one-hot labels: take `labels.argmax(-1)` for class indices"
+    else:
+        hint = "cast class indices with `labels.astype(jnp.int32)`"
+    labels = integer(loss, "labels", labels, hint=hint)
+    if scores.ndim == 0:
+        raise ValueError(
+            f"{loss}: {scores_name} must have a class axis, laid out [..., num_classes], got a scalar."
+        )
+    batch = scores.shape[:-1]
+    try:
+        fits = labels.ndim <= len(batch) and tuple(np.broadcast_shapes(labels.shape, batch)) == batch
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"{loss}: labels of shape {labels.shape} must have the shape of {scores_name} {scores.shape} "
+            f"without its last (class) axis, that is {batch}."
+        )
+    return labels

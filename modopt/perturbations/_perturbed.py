@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import hyperparameter, is_concrete, static
+from .._fields import as_hyperparameter, is_concrete
 
 
 class Normal(eqx.Module):
@@ -95,18 +95,38 @@ def _noise_like(noise: Any, key: Any, tree: Any) -> Any:
     )
 
 
-class _PerturbedFun(eqx.Module):
+@jax.tree_util.register_pytree_node_class
+class _PerturbedFun:
     """`(key, x) -> ` the Monte-Carlo estimate of `E_z fun(x + sigma z)` (see `make_perturbed_fun`).
 
-    A module rather than a closure: `sigma` is an array leaf (a new value does not retrace a
-    jitted caller), and the configuration shows in its repr.
+    Not a closure: `sigma` is a pytree leaf (a jitted caller that takes the function as an
+    argument, e.g. through `eqx.filter_jit`, does not retrace for a new value) and the
+    configuration shows in its repr. Not an Equinox module either: it hashes by identity, so
+    `jax.jit(fn)` works as it does on a function.
     """
 
-    fun: Callable[[Any], Any] = static()
-    num_samples: int = static()
-    sigma: jax.Array = hyperparameter()
-    noise: Any = static()
-    use_baseline: bool = static()
+    def __init__(self, fun: Callable[[Any], Any], num_samples: int, sigma: Any, noise: Any, use_baseline: bool):
+        self.fun = fun
+        self.num_samples = num_samples
+        self.sigma = as_hyperparameter(sigma)
+        self.noise = noise
+        self.use_baseline = use_baseline
+
+    def tree_flatten(self):
+        return (self.sigma,), (self.fun, self.num_samples, self.noise, self.use_baseline)
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        fun, num_samples, noise, use_baseline = static
+        new = object.__new__(cls)
+        new.fun, new.num_samples, new.sigma, new.noise, new.use_baseline = fun, num_samples, children[0], noise, use_baseline
+        return new
+
+    def __repr__(self):
+        return (
+            f"make_perturbed_fun({getattr(self.fun, '__name__', self.fun)!s}, num_samples={self.num_samples}, "
+            f"sigma={self.sigma!r}, noise={self.noise!r}, use_baseline={self.use_baseline})"
+        )
 
     def __call__(self, key: Any, x: Any) -> Any:
         baseline = self.fun(jax.lax.stop_gradient(x)) if self.use_baseline else None

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..projections import projection_simplex
 from . import _inputs
 
 
@@ -126,30 +127,9 @@ def sparsemax_loss(logits: Any, labels: Any) -> jax.Array:
     return jax.nn.sparse_plus(jnp.where(labels, -logits, logits))
 
 
-@jax.custom_jvp
-def _sparsemax(scores: jax.Array) -> jax.Array:
-    """Euclidean projection of each row (last axis) of `scores` onto the probability simplex."""
-    n = scores.shape[-1]
-    descending = -jnp.sort(-scores, axis=-1)
-    cumulative = jnp.cumsum(descending, axis=-1)
-    rank = jnp.arange(1, n + 1, dtype=scores.dtype)
-    # The support is the k largest scores with 1/k + u_k - (u_1 + ... + u_k)/k > 0.
-    support_size = jnp.count_nonzero(1 / rank + (descending - cumulative / rank) > 0, axis=-1, keepdims=True)
-    top_sum = jnp.take_along_axis(cumulative, support_size - 1, axis=-1)
-    size = support_size.astype(scores.dtype)
-    return jax.nn.relu(1 / size + (scores - top_sum / size))
-
-
-@_sparsemax.defjvp
-def _sparsemax_jvp(primals, tangents):
-    """On the support the projection moves with the scores, less their mean move there."""
-    (scores,), (scores_dot,) = primals, tangents
-    probabilities = _sparsemax(scores)
-    support = (probabilities > 0).astype(scores.dtype)
-    mean_move = jnp.sum(support * scores_dot, axis=-1, keepdims=True) / jnp.sum(
-        support, axis=-1, keepdims=True
-    )
-    return probabilities, support * (scores_dot - mean_move)
+# sparsemax: each row (last axis) projected onto the probability simplex, with the
+# projection's Jacobian (on the support, the move less its mean there).
+_sparsemax = jnp.vectorize(projection_simplex, signature="(n)->(n)")
 
 
 def multiclass_sparsemax_loss(scores: Any, labels: Any) -> jax.Array:

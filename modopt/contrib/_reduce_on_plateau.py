@@ -113,7 +113,8 @@ class ReduceOnPlateau(AbstractTransform):
         count = safe_increment(state.count)
         average = (state.count * state.avg_value + value.astype(state.avg_value.dtype)) / count
         state = state._replace(avg_value=average.astype(state.avg_value.dtype), count=count)
-        state = jax.lax.cond(count == self.accumulation_size, self._compare, lambda s: s, state)
+        # A closure, not the bound method: `cond` hashes its functions, and `self` may hold tracers.
+        state = jax.lax.cond(count == self.accumulation_size, lambda s: self._compare(s), lambda s: s, state)
         return jax.tree_util.tree_map(lambda g: state.scale * g, updates), state
 
     def _compare(self, state: ReduceLROnPlateauState) -> ReduceLROnPlateauState:

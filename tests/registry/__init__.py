@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import adaptive, contrib, contrib_adaptive, core, diagnostics, inject, layerwise, linesearch, monitoring, privacy, special, trax, wrappers
 from . import contrib_parameter_free
+from . import contrib_second_order
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -27,6 +28,7 @@ ENTRIES: list[Entry] = [
     *contrib.ENTRIES,
     *contrib_adaptive.ENTRIES,
     *contrib_parameter_free.ENTRIES,
+    *contrib_second_order.ENTRIES,
     *trax.ENTRIES,
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -213,6 +214,9 @@ def newton_schulz(x: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditio
     return x.T if transposed else x
 
 
+# Compiled as one program also when called eagerly, so its rounding matches jitted code (the
+# iteration amplifies rounding differences in the small singular values).
+@functools.partial(jax.jit, static_argnames=("axes", "ns_steps", "preconditioning"), inline=True)
 def orthogonalize(x: jax.Array, axes: tuple[tuple[int, ...], ...], ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any) -> jax.Array:
     """`newton_schulz` on each matrix of `x`: its batch axes, then reduction axes (flattened into
     rows), then output axes (flattened into columns); the result laid out as `x`."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import adaptive, contrib, contrib_adaptive, core, diagnostics, inject, layerwise, linesearch, monitoring, privacy, special, trax, wrappers
 from . import contrib_parameter_free
 from . import contrib_second_order
+from . import contrib_muon_adopt
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -29,6 +30,7 @@ ENTRIES: list[Entry] = [
     *contrib_adaptive.ENTRIES,
     *contrib_parameter_free.ENTRIES,
     *contrib_second_order.ENTRIES,
+    *contrib_muon_adopt.ENTRIES,
     *trax.ENTRIES,
 ]
 

@@ -1,0 +1,134 @@
+"""MADGRAD: momentumized, adaptive, dual-averaged gradients (`madgrad`, `scale_by_madgrad`)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .. import fields
+from .._base import AbstractComposite, AbstractTransform, require_params
+from .._fields import UNIT
+from .._numerics import safe_increment
+from .._trees import map_updates, zeros_like
+from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule, value_at
+from ..transforms import AddDecayedWeights
+
+
+class MadgradState(NamedTuple):
+    """The state of `scale_by_madgrad`.
+
+    count: updates made so far (int32 scalar).
+    grad_sum_sq: the weighted sum of squared gradients `G`, like the params.
+    s: the weighted sum of gradients, like the params.
+    x0: the parameters at `init` (the dual-averaging origin).
+    """
+
+    count: jax.Array
+    grad_sum_sq: Any
+    s: Any
+    x0: Any
+
+
+class ScaleByMadgrad(AbstractTransform):
+    r"""Rescales updates by MADGRAD: a cube-root-adaptive dual average, with momentum.
+
+    With `k` the number of past updates, `x` the parameters and `x0` those at `init`:
+
+        lamb  = (learning_rate(k) + eps) * sqrt(k + 1)
+        G     = G + lamb * g^2
+        s     = s + lamb * g
+        z     = x0 - s / (cbrt(G) + eps)
+        x_new = (1 - momentum) * z + momentum * x
+        update = x_new - x
+
+    The learning rate is inside the transform (it weighs the sums), so the update is the
+    step itself: no `scale_by_learning_rate` follows. As in the reference implementation, `eps`
+    is added to the learning rate too. `update` needs `params`. Real parameters only.
+
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        momentum: the weight of the current parameters in the new ones, in [0, 1] (0: plain
+            dual averaging).
+        eps: added to the learning rate and to the cube root of `G`, >= 0.
+
+    Example:
+        >>> tx = modopt.contrib.scale_by_madgrad(1e-2)
+
+    Reference: Defazio & Jelassi, 2021, "Adaptivity without Compromise: A Momentumized,
+    Adaptive, Dual Averaged Gradient Method for Stochastic Optimization",
+    https://arxiv.org/abs/2101.11075
+    """
+
+    elementwise_updates = True
+
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
+    momentum: Any = fields.decay_rate(0.9, check=UNIT)
+    eps: Any = fields.eps(1e-6)
+
+    def learning_rates(self, state):
+        return {"learning_rate": value_at(self.learning_rate, state.count)}
+
+    def init(self, params):
+        if any(jnp.iscomplexobj(leaf) for leaf in jax.tree_util.tree_leaves(params)):
+            raise TypeError(
+                "scale_by_madgrad does not support complex parameters (it takes cube roots of sums of "
+                "squares): wrap it as `modopt.experimental.split_real_and_imaginary(...)`."
+            )
+        return MadgradState(
+            count=jnp.zeros([], jnp.int32),
+            grad_sum_sq=zeros_like(params),
+            s=zeros_like(params),
+            # A copy: the state is donated to jitted steps alongside the parameters.
+            x0=jax.tree_util.tree_map(jnp.copy, params),
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        require_params(params, self)
+        count = state.count
+        lamb = (value_at(self.learning_rate, count) + self.eps) * jnp.sqrt(count + 1)
+        # The increments in each leaf's dtype, so bf16 sums stay bf16.
+        grad_sum_sq = map_updates(lambda g, acc: acc + (lamb * g**2).astype(g.dtype), updates, state.grad_sum_sq)
+        s = map_updates(lambda g, acc: acc + (lamb * g).astype(g.dtype), updates, state.s)
+        momentum = self.momentum
+
+        def step(acc_sq, acc, x0, x):
+            z = x0 - acc / (jnp.cbrt(acc_sq) + self.eps)
+            return (1 - momentum) * z + momentum * x - x
+
+        new_updates = map_updates(step, grad_sum_sq, s, state.x0, params)
+        return new_updates, MadgradState(count=safe_increment(count), grad_sum_sq=grad_sum_sq, s=s, x0=state.x0)
+
+
+class Madgrad(AbstractComposite):
+    r"""MADGRAD: momentumized, adaptive, dual-averaged gradient descent, with L2 weight decay.
+
+    `weight_decay * params` is added to the gradient (coupled, L2-style), then
+    `scale_by_madgrad` makes the step (see there for the update rule). MADGRAD matches SGD with
+    momentum on vision tasks and Adam on language tasks.
+
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        momentum: the weight of the current parameters in the new ones, in [0, 1].
+        weight_decay: the strength of the L2 regularization added to the gradient.
+        eps: added to the learning rate and to the denominator's cube root, >= 0.
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.contrib.madgrad(1e-2), model)
+
+    Reference: Defazio & Jelassi, 2021, https://arxiv.org/abs/2101.11075
+    """
+
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
+    momentum: Any = fields.decay_rate(0.9, check=UNIT)
+    weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
+    eps: Any = fields.eps(1e-6)
+
+    def build(self):
+        return Chain(AddDecayedWeights(self.weight_decay), ScaleByMadgrad(self.learning_rate, self.momentum, self.eps))
+
+
+scale_by_madgrad = ScaleByMadgrad
+madgrad = Madgrad

@@ -21,8 +21,6 @@ import pytest
 import modopt
 import modopt.losses as losses
 from modopt.losses import (
-    _classification,
-    _divergence,
     _fenchel_young,
     _margin,
     _ranking,
@@ -49,7 +47,8 @@ NAMES = [
     "ntxent",
     "triplet_margin_loss",
 ]
-MODULES = (_classification, _divergence, _fenchel_young, _margin, _ranking, _segmentation, _self_supervised)
+# _classification and _divergence's examples run in test_losses.py.
+MODULES = (_fenchel_young, _margin, _ranking, _segmentation, _self_supervised)
 
 _rng = np.random.default_rng(0)
 
@@ -560,22 +559,25 @@ def test_multiclass_margin_losses_vanish_beyond_the_margin():
 def test_divergences_against_their_definitions():
     log_p, q = np.log(probabilities(3, 5)), probabilities(3, 5)
     unnormalized_q = uniform(3, 5, low=0.1, high=3.0)
-    np.testing.assert_allclose(
-        losses.kl_divergence_with_log_targets(log_p, np.log(q)),
-        losses.kl_divergence(log_p, q),
-        rtol=1e-5,
-        atol=1e-7,
-    )
-    # Normalized: the generalized divergence is the KL divergence; and it is 0 only at p = q.
-    np.testing.assert_allclose(
-        losses.generalized_kl_divergence(log_p, q), losses.kl_divergence(log_p, q), atol=1e-6
-    )
-    np.testing.assert_allclose(
-        losses.generalized_kl_divergence(np.log(unnormalized_q), unnormalized_q), 0.0, atol=1e-6
-    )
+
+    @jax.jit
+    def run():
+        return (
+            losses.kl_divergence(log_p, q),
+            losses.kl_divergence_with_log_targets(log_p, jnp.log(q)),
+            losses.generalized_kl_divergence(log_p, q),
+            losses.generalized_kl_divergence(jnp.log(unnormalized_q), unnormalized_q),
+            losses.generalized_kl_divergence(log_p, unnormalized_q),
+        )
+
+    kl, kl_log_targets, generalized_normalized, generalized_equal, generalized = run()
+    np.testing.assert_allclose(kl_log_targets, kl, rtol=1e-5, atol=1e-7)
+    # Normalized: the generalized divergence is the KL divergence; and it is 0 at p = q.
+    np.testing.assert_allclose(generalized_normalized, kl, atol=1e-6)
+    np.testing.assert_allclose(generalized_equal, 0.0, atol=1e-6)
     p64, q64 = np.exp(log_p.astype(np.float64)), unnormalized_q.astype(np.float64)
     expected = np.sum(q64 * np.log(q64 / p64) + p64 - q64, axis=-1)
-    np.testing.assert_allclose(losses.generalized_kl_divergence(log_p, unnormalized_q), expected, rtol=1e-5)
+    np.testing.assert_allclose(generalized, expected, rtol=1e-5)
     assert np.all(expected > 0)
 
 
@@ -609,7 +611,7 @@ def test_dice_loss_matches_numpy():
     per_class = 1 - (i + 0.2) / (i + 0.3 * (ps - i) + 0.7 * (ts - i) + 0.2)
     weights = np.array([1.0, 2.0, 3.0])
     expected = (per_class * weights)[:, 1:].mean(-1)
-    ours = losses.dice_loss(
+    ours = jax.jit(losses.dice_loss, static_argnames=("ignore_background",))(
         _seg_logits,
         _seg_targets,
         smooth=0.2,
@@ -723,49 +725,67 @@ def test_zero_targets_and_masked_items_keep_gradients_finite():
     """log targets of -inf, and a ranking list without valid items: optax gives NaN (the value
     of the first, the weights' gradient of the second); modopt 0 with finite gradients."""
     log_p, log_q = jnp.log(jnp.array([0.5, 0.5])), jnp.array([0.0, -jnp.inf])
-    value, grads = jax.value_and_grad(losses.kl_divergence_with_log_targets, argnums=(0, 1))(log_p, log_q)
-    np.testing.assert_allclose(value, np.log(2.0), rtol=1e-6)
-    assert all(np.all(np.isfinite(g)) for g in grads)
-    assert np.isnan(optax.losses.kl_divergence_with_log_targets(log_p, log_q))
-
     logits, labels = _ranking_inputs
 
     def ranking(lib, x, w):
         return lib.ranking_softmax_loss(x, labels, where=_ranking_where, weights=w)
 
-    weights = jnp.ones((3, 5))
-    ours = jax.grad(lambda x, w: ranking(losses, x, w), argnums=(0, 1))(logits, weights)
-    theirs = jax.grad(lambda x, w: ranking(optax.losses, x, w), argnums=(0, 1))(logits, weights)
+    @jax.jit
+    def run(weights):
+        kl = jax.value_and_grad(losses.kl_divergence_with_log_targets, argnums=(0, 1))(log_p, log_q)
+        ours = jax.grad(lambda x, w: ranking(losses, x, w), argnums=(0, 1))(logits, weights)
+        theirs = jax.grad(lambda x, w: ranking(optax.losses, x, w), argnums=(0, 1))(logits, weights)
+        return kl, optax.losses.kl_divergence_with_log_targets(log_p, log_q), ours, theirs
+
+    (value, grads), optax_kl, ours, theirs = run(jnp.ones((3, 5)))
+    np.testing.assert_allclose(value, np.log(2.0), rtol=1e-6)
+    assert all(np.all(np.isfinite(g)) for g in grads)
+    assert np.isnan(optax_kl)
     assert all(np.all(np.isfinite(g)) for g in ours)
     np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-7)
     valid = np.isfinite(np.asarray(theirs[1]))
     assert not valid.all()
     np.testing.assert_allclose(np.asarray(ours[1])[valid], np.asarray(theirs[1])[valid], rtol=1e-5, atol=1e-7)
     # All lists masked: the mean is 0.
-    assert float(losses.ranking_softmax_loss(logits, labels, where=np.zeros((3, 5), bool))) == 0.0
+    assert float(jax.jit(losses.ranking_softmax_loss)(logits, labels, where=np.zeros((3, 5), bool))) == 0.0
 
 
 def test_fenchel_young_loss_passes_arguments_to_max_fun():
     """optax 0.2.8 drops keyword arguments (and refuses positional ones) on their way to max_fun."""
     scores, targets = normal(3, 4), probabilities(3, 4)
-    ours = losses.make_fenchel_young_loss(_tempered_logsumexp)
-    expected = 0.5 * jax.nn.logsumexp(scores / 0.5, axis=-1) - np.sum(targets * scores, axis=-1)
-    np.testing.assert_allclose(ours(scores, targets, temperature=0.5), expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(ours(scores, targets, 0.5), expected, rtol=1e-6, atol=1e-6)
-    theirs = optax.losses.make_fenchel_young_loss(_tempered_logsumexp)(scores, targets, temperature=0.5)
-    np.testing.assert_allclose(theirs, ours(scores, targets), rtol=1e-6)  # temperature 1
+    loss = losses.make_fenchel_young_loss(_tempered_logsumexp)
+
+    @jax.jit
+    def run():
+        theirs = optax.losses.make_fenchel_young_loss(_tempered_logsumexp)(scores, targets, temperature=0.5)
+        return (
+            loss(scores, targets, temperature=0.5),
+            loss(scores, targets, 0.5),
+            loss(scores, targets),
+            theirs,
+        )
+
+    by_keyword, by_position, at_one, theirs = run()
+    s64, t64 = scores.astype(np.float64), targets.astype(np.float64)
+    expected = 0.5 * np.log(np.exp(s64 / 0.5).sum(-1)) - np.sum(t64 * s64, axis=-1)
+    np.testing.assert_allclose(by_keyword, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(by_position, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(theirs, at_one, rtol=1e-6)  # optax used temperature 1
 
 
 def test_multiclass_sparsemax_takes_any_leading_axes():
     """optax takes `[batch, classes]` only; here `[..., classes]`, as for the other multiclass losses."""
     scores, labels = normal(2, 3, 5, scale=2.0), int_labels((2, 3), 5)
-    flat = optax.losses.multiclass_sparsemax_loss(scores.reshape(6, 5), labels.reshape(6))
-    np.testing.assert_allclose(
-        losses.multiclass_sparsemax_loss(scores, labels), flat.reshape(2, 3), rtol=1e-6, atol=1e-7
-    )
-    np.testing.assert_allclose(
-        losses.multiclass_sparsemax_loss(scores[0, 0], labels[0, 0]), flat[0], rtol=1e-6, atol=1e-7
-    )
+
+    @jax.jit
+    def run():
+        flat = optax.losses.multiclass_sparsemax_loss(scores.reshape(6, 5), labels.reshape(6))
+        ours = losses.multiclass_sparsemax_loss(scores, labels)
+        return flat, ours, losses.multiclass_sparsemax_loss(scores[0, 0], labels[0, 0])
+
+    flat, ours, single = run()
+    np.testing.assert_allclose(ours, flat.reshape(2, 3), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(single, flat[0], rtol=1e-6, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from . import second_order as second_order
 from . import sharding as sharding
 from . import transforms as transforms
 from . import trax as trax
+from . import tree as tree
+from . import tree_utils as tree_utils
 from ._base import AbstractComposite as AbstractComposite
 from ._base import AbstractTransform as AbstractTransform
 from ._base import AbstractWrapper as AbstractWrapper
@@ -107,5 +109,7 @@ from .monte_carlo import score_function_jacobians as score_function_jacobians
 from .optimizers import *  # noqa: F403
 from .schedules import *  # noqa: F403
 from .transforms import *  # noqa: F403
+
+tree_map_params = tree.map_params  # optax.tree_map_params
 
 __version__ = "0.1.0"

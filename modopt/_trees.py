@@ -6,6 +6,7 @@ helpers that map over updates carry them through unchanged.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -27,30 +28,64 @@ def map_updates(f: Callable[..., Any], updates: Any, *rest: Any) -> Any:
 
 
 def zeros_like(tree: Any, dtype: Any = None) -> Any:
-    """Zeros shaped like each leaf of `tree` (in `dtype` if given)."""
+    """Zeros shaped like each leaf of `tree` (optax's `tree.zeros_like`).
+
+    Args:
+        tree: a pytree of arrays.
+        dtype: the dtype of the zeros; `None` for each leaf's own.
+    """
     return jax.tree_util.tree_map(lambda x: jnp.zeros_like(x, dtype=dtype), tree)
 
 
-def full_like(tree: Any, value: Any, dtype: Any = None) -> Any:
-    """`value` broadcast to each leaf of `tree` (in `dtype` if given, else the leaf's)."""
-    return jax.tree_util.tree_map(lambda x: jnp.full_like(x, value, dtype=dtype), tree)
+def full_like(tree: Any, fill_value: Any, dtype: Any = None) -> Any:
+    """`fill_value` broadcast to the shape of each leaf of `tree` (optax's `tree.full_like`).
+
+    Args:
+        tree: a pytree of arrays.
+        fill_value: the value of every element.
+        dtype: the dtype of the result; `None` for each leaf's own.
+    """
+    return jax.tree_util.tree_map(lambda x: jnp.full_like(x, fill_value, dtype=dtype), tree)
 
 
 def cast(tree: Any, dtype: Any) -> Any:
-    """Every leaf cast to `dtype`; the tree as it is when `dtype` is `None`."""
+    """Every leaf cast to `dtype`; the tree as it is when `dtype` is `None` (optax's `tree.cast`).
+
+    Args:
+        tree: a pytree of arrays.
+        dtype: the dtype to cast to, or `None` to leave the tree unchanged.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import modopt
+        >>> modopt.tree.cast({"w": jnp.ones(2)}, jnp.bfloat16)["w"].dtype
+        dtype(bfloat16)
+    """
     if dtype is None:
         return tree
     return jax.tree_util.tree_map(lambda x: x.astype(dtype), tree)
 
 
-def cast_like(tree: Any, like: Any) -> Any:
-    """Each leaf of `tree` cast to the dtype of the matching leaf of `like`."""
-    return jax.tree_util.tree_map(lambda x, y: x.astype(jnp.asarray(y).dtype), tree, like)
+def cast_like(tree: Any, other_tree: Any) -> Any:
+    """Each leaf of `tree` cast to the dtype of the matching leaf of `other_tree` (optax's
+    `tree.cast_like`); where that leaf has no dtype (a Python number), the leaf is left as it is.
+
+    Args:
+        tree: the pytree to cast.
+        other_tree: a pytree with the structure of `tree` whose leaves give the dtypes.
+    """
+    return jax.tree_util.tree_map(lambda x, y: x.astype(y.dtype) if hasattr(y, "dtype") else x, tree, other_tree)
 
 
-def select(condition: Any, on_true: Any, on_false: Any) -> Any:
-    """`on_true` where the scalar `condition` holds, else `on_false`, leaf by leaf."""
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(condition, a, b), on_true, on_false)
+def select(condition: Any, tree_x: Any, tree_y: Any) -> Any:
+    """`tree_x` where `condition` holds, else `tree_y`, leaf by leaf (optax's `tree.where`).
+
+    Args:
+        condition: a boolean (a scalar, or an array broadcasting with every leaf).
+        tree_x: the pytree taken where `condition` is true.
+        tree_y: the pytree taken where it is false, with the structure of `tree_x`.
+    """
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(condition, a, b), tree_x, tree_y)
 
 
 def abs_sq(x: jax.Array) -> jax.Array:
@@ -80,7 +115,35 @@ def global_norm(tree: Any) -> jax.Array:
     return jnp.sqrt(sum_of_squares(tree))
 
 
-def vdot(a: Any, b: Any) -> jax.Array:
-    """`sum conj(a) * b` over all leaves of two trees of the same structure."""
-    products = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda x, y: jnp.vdot(x, y), a, b))
-    return sum(products) if products else jnp.zeros([], jnp.float32)
+def _leaf_vdot(a: Any, b: Any) -> jax.Array:
+    """`sum conj(a) * b` over two arrays of one shape, at the highest matmul precision, without
+    raveling (a ravel would gather a sharded array; on a mesh of Explicit axes the result is
+    replicated)."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"vdot: the leaves differ in shape: {a.shape} and {b.shape}.")
+    if jnp.iscomplexobj(a):
+        a = jnp.conj(a)
+    mesh = jax.typeof(a).sharding.mesh
+    sharding = jax.sharding.NamedSharding(mesh, jax.P()) if mesh.are_all_axes_explicit else None
+    return jnp.tensordot(a, b, a.ndim, precision=jax.lax.Precision.HIGHEST, out_sharding=sharding)
+
+
+def vdot(tree_x: Any, tree_y: Any) -> Any:
+    """The inner product `sum conj(x) * y` of two pytrees of one structure (optax's `tree.vdot`).
+
+    Each leaf's product is taken at the highest matmul precision; the sum over leaves starts
+    from 0 (an empty tree gives 0).
+
+    Args:
+        tree_x: the first pytree (conjugated where complex).
+        tree_y: the second pytree, with the structure and shapes of `tree_x`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import modopt
+        >>> modopt.tree.vdot({"a": jnp.array([1.0, 2.0])}, {"a": jnp.array([3.0, 4.0])})
+        Array(11., dtype=float32)
+    """
+    products = jax.tree_util.tree_map(_leaf_vdot, tree_x, tree_y)
+    return jax.tree_util.tree_reduce(operator.add, products, 0)

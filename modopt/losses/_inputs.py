@@ -158,7 +158,9 @@ def mask(
         fits = False
     if not fits:
         without = "" if not expand else f", or to that shape without the reduced axis {_shown_axis(expand)}"
-        raise ValueError(f"{loss}: where of shape {given} does not broadcast to {of} of shape {shape}{without}.")
+        raise ValueError(
+            f"{loss}: where of shape {given} does not broadcast to {of} of shape {shape}{without}."
+        )
     return where
 
 

@@ -20,7 +20,10 @@ from modopt.assignment import _hungarian, base_hungarian_algorithm, hungarian_al
 
 SOLVERS = {
     "hungarian_algorithm": (jax.jit(hungarian_algorithm), jax.jit(optax.assignment.hungarian_algorithm)),
-    "base_hungarian_algorithm": (jax.jit(base_hungarian_algorithm), jax.jit(optax.assignment.base_hungarian_algorithm)),
+    "base_hungarian_algorithm": (
+        jax.jit(base_hungarian_algorithm),
+        jax.jit(optax.assignment.base_hungarian_algorithm),
+    ),
 }
 SHAPES = [(1, 1), (1, 4), (4, 1), (3, 3), (6, 6), (3, 7), (7, 3), (2, 5)]
 
@@ -30,7 +33,9 @@ def _brute_force(cost):
     n, m = cost.shape
     if n > m:
         return _brute_force(cost.T)
-    return min(sum(cost[i, j] for i, j in zip(range(n), cols)) for cols in itertools.permutations(range(m), n))
+    return min(
+        sum(cost[i, j] for i, j in zip(range(n), cols)) for cols in itertools.permutations(range(m), n)
+    )
 
 
 def _check_matching(i, j, shape):
@@ -53,7 +58,9 @@ def test_parity_with_optax_on_distinct_costs(name, shape):
         np.testing.assert_array_equal(i, oi)
         np.testing.assert_array_equal(j, oj)
         _check_matching(i, j, shape)
-        np.testing.assert_allclose(float(cost[i, j].sum()), _brute_force(np.asarray(cost, np.float64)), rtol=1e-5)
+        np.testing.assert_allclose(
+            float(cost[i, j].sum()), _brute_force(np.asarray(cost, np.float64)), rtol=1e-5
+        )
 
 
 @pytest.mark.parametrize("name", list(SOLVERS))

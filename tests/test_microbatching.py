@@ -123,7 +123,9 @@ def test_micro_vmap_equals_vmap_and_optax(acc):
     w = jnp.array([1.0, -1.0, 0.5])
     accumulator = getattr(T, acc)
     ours = mb.micro_vmap(f, in_axes=(0, None, 0), microbatch_size=3, accumulator=accumulator)(X, w, Y)
-    theirs = omb.micro_vmap(f, in_axes=(0, None, 0), microbatch_size=3, accumulator=_their(accumulator))(X, w, Y)
+    theirs = omb.micro_vmap(f, in_axes=(0, None, 0), microbatch_size=3, accumulator=_their(accumulator))(
+        X, w, Y
+    )
     _same(ours, theirs, rtol=1e-5)
     full = jax.vmap(f, in_axes=(0, None, 0))(X, w, Y)
     reduce = {"CONCAT": lambda v: v, "SUM": lambda v: v.sum(0), "MEAN": lambda v: v.mean(0)}[acc]

@@ -65,7 +65,9 @@ def test_tree_outputs_and_second_derivatives_equal_optax():
     f = lambda v: jnp.sum(jnp.abs(v))  # noqa: E731
     h_ours = jax.jit(jax.hessian(make_perturbed_fun(f, 32, 0.5, Normal()), argnums=1))(KEY, x)
     h_theirs = jax.jit(
-        jax.hessian(optax.perturbations.make_perturbed_fun(f, 32, 0.5, optax.perturbations.Normal()), argnums=1)
+        jax.hessian(
+            optax.perturbations.make_perturbed_fun(f, 32, 0.5, optax.perturbations.Normal()), argnums=1
+        )
     )(KEY, x)
     np.testing.assert_allclose(h_ours, h_theirs, rtol=1e-4, atol=1e-5)
 

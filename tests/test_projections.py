@@ -53,20 +53,33 @@ A_TREE = _tree(100)
 def _leafwise(f):
     return lambda tree: jax.tree_util.tree_map(f, tree)
 
+
 B = 0.3
 SCALE = 1.7
 
 CASES = {
-    "non_negative": (P.projection_non_negative, optax.projections.projection_non_negative, lambda v: v.min() >= -1e-6),
+    "non_negative": (
+        P.projection_non_negative,
+        optax.projections.projection_non_negative,
+        lambda v: v.min() >= -1e-6,
+    ),
     # optax 0.2.8's hypercube takes a single array only (its scalar bounds do not map over a
     # tree): its oracle runs leaf by leaf.
-    "hypercube": (P.projection_hypercube, _leafwise(optax.projections.projection_hypercube), lambda v: (v >= 0).all() and (v <= 1 + 1e-6).all()),
+    "hypercube": (
+        P.projection_hypercube,
+        _leafwise(optax.projections.projection_hypercube),
+        lambda v: (v >= 0).all() and (v <= 1 + 1e-6).all(),
+    ),
     "hypercube_scaled": (
         lambda t: P.projection_hypercube(t, SCALE),
         _leafwise(lambda t: optax.projections.projection_hypercube(t, SCALE)),
         lambda v: (v >= 0).all() and (v <= SCALE + 1e-6).all(),
     ),
-    "simplex": (P.projection_simplex, optax.projections.projection_simplex, lambda v: v.min() >= 0 and abs(v.sum() - 1) < 1e-5),
+    "simplex": (
+        P.projection_simplex,
+        optax.projections.projection_simplex,
+        lambda v: v.min() >= 0 and abs(v.sum() - 1) < 1e-5,
+    ),
     "simplex_scaled": (
         lambda t: P.projection_simplex(t, SCALE),
         lambda t: optax.projections.projection_simplex(t, SCALE),

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+
 def _prepare(cost_matrix: Any, where: str) -> tuple[jax.Array, bool]:
     """The cost as a float matrix with no more rows than columns, and whether it was transposed."""
     cost = jnp.asarray(cost_matrix)
@@ -135,7 +136,6 @@ def hungarian_algorithm(cost_matrix: Any) -> tuple[jax.Array, jax.Array]:
     else:
         rows, cols = lax.top_k(row_of_col, n)  # the matched columns, by decreasing row
     return (cols, rows) if transposed else (rows, cols)
-
 
 
 # --------------------------------------------------------------------------------------------

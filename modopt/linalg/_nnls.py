@@ -65,7 +65,9 @@ def nnls(
     where = "nnls"
     A, b = jnp.asarray(A), jnp.asarray(b)  # noqa: N806
     if A.ndim != 2:
-        raise ValueError(f"Invalid A: an array of shape {A.shape} (expected a matrix of shape (M, N)) in {where}.")
+        raise ValueError(
+            f"Invalid A: an array of shape {A.shape} (expected a matrix of shape (M, N)) in {where}."
+        )
     if b.ndim not in (1, 2) or b.shape[0] != A.shape[0]:
         raise ValueError(
             f"Invalid b: an array of shape {b.shape} (expected ({A.shape[0]},) or ({A.shape[0]}, K) to match "
@@ -73,7 +75,9 @@ def nnls(
         )
     number("iters", iters, where, least=0, integer=True)
     if not isinstance(iters, (int, np.integer)):
-        raise TypeError(f"Invalid iters: {iters!r} (expected a Python int; it sets the loop length) in {where}.")
+        raise TypeError(
+            f"Invalid iters: {iters!r} (expected a Python int; it sets the loop length) in {where}."
+        )
     dtype = jnp.result_type(A, b)
     if not jnp.issubdtype(dtype, jnp.inexact):
         dtype = jnp.result_type(float)

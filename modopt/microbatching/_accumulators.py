@@ -73,7 +73,9 @@ def _over_leaves(accumulator: Accumulator) -> Accumulator:
     tree_map = jax.tree_util.tree_map
     return Accumulator(
         init=lambda value: tree_map(accumulator.init, value),
-        update=lambda carry, value, index: tree_map(lambda c, v: accumulator.update(c, v, index), carry, value),
+        update=lambda carry, value, index: tree_map(
+            lambda c, v: accumulator.update(c, v, index), carry, value
+        ),
         finalize=lambda carry: tree_map(accumulator.finalize, carry),
         aggregate=lambda stacked: tree_map(accumulator.aggregate, stacked),
     )

@@ -128,7 +128,9 @@ def microbatch(
     if microbatch_size is None:
         return fun
     if isinstance(microbatch_size, bool) or not isinstance(microbatch_size, int) or microbatch_size < 1:
-        raise ValueError(f"Invalid microbatch_size: {microbatch_size!r} (must be an int >= 1 or None) in microbatch.")
+        raise ValueError(
+            f"Invalid microbatch_size: {microbatch_size!r} (must be an int >= 1 or None) in microbatch."
+        )
     argnums, argnames = _as_tuple(argnums), _as_tuple(argnames)
     axes = (in_axes,) * (len(argnums) + len(argnames)) if isinstance(in_axes, int) else tuple(in_axes)
     if len(axes) != len(argnums) + len(argnames):
@@ -143,10 +145,14 @@ def microbatch(
         missing = [i for i in positional if i >= len(args)] + [k for k in named if k not in kwargs]
         if missing:
             raise ValueError(f"microbatch: the batch arguments {missing} were not passed.")
-        batched = [(args[i], ax) for i, ax in positional.items()] + [(kwargs[k], ax) for k, ax in named.items()]
+        batched = [(args[i], ax) for i, ax in positional.items()] + [
+            (kwargs[k], ax) for k, ax in named.items()
+        ]
         sizes = {jnp.shape(x)[ax] for tree, ax in batched for x in jax.tree_util.tree_leaves(tree)}
         if len(sizes) > 1:
-            raise ValueError(f"microbatch: the batch arguments have batch axes of different sizes {sorted(sizes)}.")
+            raise ValueError(
+                f"microbatch: the batch arguments have batch axes of different sizes {sorted(sizes)}."
+            )
         if not sizes:
             raise ValueError("microbatch: the batch arguments hold no arrays.")
         (batch_size,) = sizes
@@ -225,7 +231,9 @@ def micro_vmap(
         argument only); here an int applies to every positional argument, as in `jax.vmap`.
     """
     if out_axes != 0:
-        raise NotImplementedError(f"micro_vmap: out_axes={out_axes!r} is not supported; outputs are mapped on axis 0.")
+        raise NotImplementedError(
+            f"micro_vmap: out_axes={out_axes!r} is not supported; outputs are mapped on axis 0."
+        )
 
     def mapped(*args, **kwargs):
         axes = (in_axes,) * len(args) if isinstance(in_axes, int) else tuple(in_axes)
@@ -321,7 +329,9 @@ def micro_grad(
         gradient computations](https://arxiv.org/abs/2510.00236), 2025.
     """
     batch_argnums = _as_tuple(batch_argnums)
-    value_and_grad = jax.value_and_grad(fun if has_aux else lambda *a, **k: (fun(*a, **k), None), argnums, has_aux=True)
+    value_and_grad = jax.value_and_grad(
+        fun if has_aux else lambda *a, **k: (fun(*a, **k), None), argnums, has_aux=True
+    )
 
     def per_example(*args, **kwargs):
         (value, aux), grad = value_and_grad(*args, **kwargs)

@@ -105,7 +105,9 @@ class _PerturbedFun:
     `jax.jit(fn)` works as it does on a function.
     """
 
-    def __init__(self, fun: Callable[[Any], Any], num_samples: int, sigma: Any, noise: Any, use_baseline: bool):
+    def __init__(
+        self, fun: Callable[[Any], Any], num_samples: int, sigma: Any, noise: Any, use_baseline: bool
+    ):
         self.fun = fun
         self.num_samples = num_samples
         self.sigma = as_hyperparameter(sigma)
@@ -119,7 +121,13 @@ class _PerturbedFun:
     def tree_unflatten(cls, static, children):
         fun, num_samples, noise, use_baseline = static
         new = object.__new__(cls)
-        new.fun, new.num_samples, new.sigma, new.noise, new.use_baseline = fun, num_samples, children[0], noise, use_baseline
+        new.fun, new.num_samples, new.sigma, new.noise, new.use_baseline = (
+            fun,
+            num_samples,
+            children[0],
+            noise,
+            use_baseline,
+        )
         return new
 
     def __repr__(self):

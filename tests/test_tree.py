@@ -332,7 +332,7 @@ def stepped_states(case):
 
 
 KEYS_TO_FIND = ["count", "mu", "nu", "trace", "inner_state", "inner_states", "hyperparams", "learning_rate",
-                "b1", "x", "adam", "ScaleByAdamState", "MaskedState", "EmptyState", "TraceState", "nothing"]
+                "b1", "x", "adam", "rng_key", "ScaleByAdamState", "MaskedState", "EmptyState", "TraceState", "nothing"]
 
 
 def in_adam_state(path, value):

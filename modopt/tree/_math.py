@@ -66,8 +66,8 @@ def add(tree_x: Any, tree_y: Any, *other_trees: Any) -> Any:
     Example:
         >>> import jax.numpy as jnp
         >>> import modopt
-        >>> modopt.tree.add({"a": jnp.array(1.0)}, {"a": jnp.array(2.0)}, {"a": jnp.array(3.0)})
-        {'a': Array(6., dtype=float32)}
+        >>> modopt.tree.add({"a": jnp.ones(2)}, {"a": jnp.ones(2)}, {"a": jnp.ones(2)})
+        {'a': Array([3., 3.], dtype=float32)}
     """
     return jax.tree_util.tree_map(lambda *leaves: builtins.sum(leaves), tree_x, tree_y, *other_trees)
 

@@ -338,7 +338,7 @@ def map_params(
         >>> tx = modopt.adam(1e-3)
         >>> modopt.tree.map_params(tx, lambda _, spec: spec, tx.init(params), specs,
         ...                        transform_non_params=lambda _: P())[0].mu
-        {'w': PartitionSpec('data', None)}
+        {'w': P('data', None)}
     """
     groups: LeafGroups | None = None
     if isinstance(initable, Optimizer):

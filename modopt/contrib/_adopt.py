@@ -81,7 +81,9 @@ class ScaleByAdopt(AbstractTransform):
     clip_value_fn: Callable[[jax.Array], jax.Array] = static(default=default_clip_value, kw_only=True)
 
     def init(self, params):
-        return ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=zeros_like(params))
+        return ScaleByAdamState(
+            count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=zeros_like(params)
+        )
 
     def update(self, updates, state, params=None, **extra_args):
         started = state.count > 0
@@ -96,7 +98,9 @@ class ScaleByAdopt(AbstractTransform):
             normalized = map_updates(lambda n: jnp.clip(n, -bound, bound), normalized)
         mu = update_moment(normalized, state.mu, b1, 1)
         new_updates = update_moment(normalized, mu, b1, 1) if self.nesterov else mu
-        return new_updates, ScaleByAdamState(count=safe_increment(state.count), mu=cast(mu, self.mu_dtype), nu=nu)
+        return new_updates, ScaleByAdamState(
+            count=safe_increment(state.count), mu=cast(mu, self.mu_dtype), nu=nu
+        )
 
 
 class Adopt(AbstractComposite):

@@ -90,7 +90,9 @@ class ScaleByMadgrad(AbstractTransform):
         count = state.count
         lamb = (value_at(self.learning_rate, count) + self.eps) * jnp.sqrt(count + 1)
         # The increments in each leaf's dtype, so bf16 sums stay bf16.
-        grad_sum_sq = map_updates(lambda g, acc: acc + (lamb * g**2).astype(g.dtype), updates, state.grad_sum_sq)
+        grad_sum_sq = map_updates(
+            lambda g, acc: acc + (lamb * g**2).astype(g.dtype), updates, state.grad_sum_sq
+        )
         s = map_updates(lambda g, acc: acc + (lamb * g).astype(g.dtype), updates, state.s)
         momentum = self.momentum
 
@@ -99,7 +101,9 @@ class ScaleByMadgrad(AbstractTransform):
             return (1 - momentum) * z + momentum * x - x
 
         new_updates = map_updates(step, grad_sum_sq, s, state.x0, params)
-        return new_updates, MadgradState(count=safe_increment(count), grad_sum_sq=grad_sum_sq, s=s, x0=state.x0)
+        return new_updates, MadgradState(
+            count=safe_increment(count), grad_sum_sq=grad_sum_sq, s=s, x0=state.x0
+        )
 
 
 class Madgrad(AbstractComposite):
@@ -127,7 +131,9 @@ class Madgrad(AbstractComposite):
     eps: Any = fields.eps(1e-6)
 
     def build(self):
-        return Chain(AddDecayedWeights(self.weight_decay), ScaleByMadgrad(self.learning_rate, self.momentum, self.eps))
+        return Chain(
+            AddDecayedWeights(self.weight_decay), ScaleByMadgrad(self.learning_rate, self.momentum, self.eps)
+        )
 
 
 scale_by_madgrad = ScaleByMadgrad

@@ -66,7 +66,8 @@ class MuonState(NamedTuple):
 
     count: updates made so far (int32 scalar).
     mu: the momentum, like the params (in `mu_dtype` if set).
-    ns_coeffs: the Newton-Schulz coefficients of the last step, shape `(3,)` or `(steps, 3)`.
+    ns_coeffs: the Newton-Schulz coefficients (those of the transform, recorded at each step),
+        shape `(3,)` or `(steps, 3)`.
     """
 
     count: jax.Array
@@ -76,7 +77,11 @@ class MuonState(NamedTuple):
 
 def _is_dims_leaf(x: Any) -> bool:
     # optax's MuonDimensionNumbers (a NamedTuple with the same fields) is accepted too.
-    return x is None or isinstance(x, MuonDimensionNumbers) or getattr(x, "_fields", None) == MuonDimensionNumbers._fields
+    return (
+        x is None
+        or isinstance(x, MuonDimensionNumbers)
+        or getattr(x, "_fields", None) == MuonDimensionNumbers._fields
+    )
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -101,13 +106,14 @@ def dimension_numbers_per_leaf(spec: Any, tree: Any, owner: str) -> list[tuple[s
     if _is_dims_leaf(spec):
         return [(path, spec) for path in paths]
     spec_def = jax.tree_util.tree_structure(spec, is_leaf=_is_dims_leaf)
-    spec_leaves = jax.tree_util.tree_leaves(spec, is_leaf=_is_dims_leaf)
-    bad = [x for x in spec_leaves if not _is_dims_leaf(x)]
-    if bad:
-        raise ValueError(
-            f"{owner}: the weight dimension numbers hold {bad[0]!r} (a {type(bad[0]).__name__}); each "
-            "entry is a MuonDimensionNumbers or None."
-        )
+    spec_flat = jax.tree_util.tree_flatten_with_path(spec, is_leaf=_is_dims_leaf)[0]
+    spec_leaves = [x for _, x in spec_flat]
+    for path, x in spec_flat:
+        if not _is_dims_leaf(x):
+            raise ValueError(
+                f"{owner}: the weight dimension numbers hold {x!r} (a {type(x).__name__}) at "
+                f"{jax.tree_util.keystr(path) or 'the root'}; each entry is a MuonDimensionNumbers or None."
+            )
     try:
         subtrees = spec_def.flatten_up_to(tree)
     except (ValueError, TypeError):
@@ -131,7 +137,9 @@ def _axes(value: Any, ndim: int, what: str, where: str, owner: str) -> tuple[int
             )
     normalized = tuple(int(axis) % ndim for axis in axes)
     if len(set(normalized)) != len(normalized) or not normalized:
-        raise ValueError(f"{owner}: invalid {what} {value!r} for the parameter at {where}: axes repeat or are missing.")
+        raise ValueError(
+            f"{owner}: invalid {what} {value!r} for the parameter at {where}: axes repeat or are missing."
+        )
     return normalized
 
 
@@ -175,7 +183,9 @@ def fans(shape: tuple[int, ...], axes: tuple[tuple[int, ...], ...]) -> tuple[int
     return math.prod(shape[a] for a in reduction), math.prod(shape[a] for a in output)
 
 
-def _newton_schulz_step(x: jax.Array, coeffs: jax.Array, precondition: str | None = None, eps: Any = 0.0) -> jax.Array:
+def _newton_schulz_step(
+    x: jax.Array, coeffs: jax.Array, precondition: str | None = None, eps: Any = 0.0
+) -> jax.Array:
     """`c0 X + (c1 A + c2 A A) X` with `A = X X^H`; with `precondition` ("aol", "schatten"),
     `X` is rescaled first, using `A` (the first step only)."""
     a = x @ x.T.conj()
@@ -189,7 +199,9 @@ def _newton_schulz_step(x: jax.Array, coeffs: jax.Array, precondition: str | Non
     return coeffs[0] * x + b @ x
 
 
-def newton_schulz(x: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any) -> jax.Array:
+def newton_schulz(
+    x: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any
+) -> jax.Array:
     """Approximately orthogonalizes the matrix `x` (`U S V^T -> U S' V^T`, `S'` near 1).
 
     Args:
@@ -217,7 +229,14 @@ def newton_schulz(x: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditio
 # Compiled as one program also when called eagerly, so its rounding matches jitted code (the
 # iteration amplifies rounding differences in the small singular values).
 @functools.partial(jax.jit, static_argnames=("axes", "ns_steps", "preconditioning"), inline=True)
-def orthogonalize(x: jax.Array, axes: tuple[tuple[int, ...], ...], ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any) -> jax.Array:
+def orthogonalize(
+    x: jax.Array,
+    axes: tuple[tuple[int, ...], ...],
+    ns_coeffs: jax.Array,
+    ns_steps: int,
+    preconditioning: str,
+    eps: Any,
+) -> jax.Array:
     """`newton_schulz` on each matrix of `x`: its batch axes, then reduction axes (flattened into
     rows), then output axes (flattened into columns); the result laid out as `x`."""
     batch, reduction, output = axes
@@ -338,12 +357,19 @@ class ScaleByMuon(AbstractTransform):
         shapes = [_shape(x) for x in jax.tree_util.tree_leaves(tree)]
         return [
             matrix_axes(shape, dims, where or "the root", owner)
-            for shape, (where, dims) in zip(shapes, dimension_numbers_per_leaf(self.weight_dimension_numbers, tree, owner))
+            for shape, (where, dims) in zip(
+                shapes, dimension_numbers_per_leaf(self.weight_dimension_numbers, tree, owner)
+            )
         ]
 
     def init(self, params):
         self._axes(params)  # bad dimension numbers fail here, before any step
-        return MuonState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), ns_coeffs=self.ns_coeffs)
+        # A copy of the coefficients: the state is donated to jitted steps, the transform may not be.
+        return MuonState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like(params, self.mu_dtype),
+            ns_coeffs=jnp.copy(self.ns_coeffs),
+        )
 
     def update(self, updates, state, params=None, **extra_args):
         axes = self._axes(updates)
@@ -357,7 +383,9 @@ class ScaleByMuon(AbstractTransform):
         ]
         if self.adaptive:  # <M, O> O: the dual norm of the momentum along O
             ortho = [jnp.sum(m.conj() * o) * o for m, o in zip(flat, ortho)]
-        return treedef.unflatten(ortho), MuonState(count=count, mu=cast(mu, self.mu_dtype), ns_coeffs=self.ns_coeffs)
+        # The state records the coefficients used (a copy: it must not alias the transform).
+        state = MuonState(count=count, mu=cast(mu, self.mu_dtype), ns_coeffs=jnp.copy(self.ns_coeffs))
+        return treedef.unflatten(ortho), state
 
     def state_specs(self, params, param_specs):
         # The momentum is laid out as its parameter; Newton-Schulz reads whole matrices, and
@@ -387,7 +415,9 @@ class ScaleByShape(AbstractTransform):
         owner = "muon"
         flat, treedef = jax.tree_util.tree_flatten(updates)
         scaled = []
-        for u, (where, dims) in zip(flat, dimension_numbers_per_leaf(self.weight_dimension_numbers, updates, owner)):
+        for u, (where, dims) in zip(
+            flat, dimension_numbers_per_leaf(self.weight_dimension_numbers, updates, owner)
+        ):
             fan_in, fan_out = fans(u.shape, matrix_axes(u.shape, dims, where or "the root", owner))
             if self.consistent_rms is None:
                 scale = jnp.sqrt(jnp.maximum(1, fan_out / fan_in))
@@ -499,7 +529,9 @@ class Muon(AbstractComposite):
 
     def build(self):
         dims = self.muon_weight_dimension_numbers
-        adam_learning_rate = self.learning_rate if self.adam_learning_rate is None else self.adam_learning_rate
+        adam_learning_rate = (
+            self.learning_rate if self.adam_learning_rate is None else self.adam_learning_rate
+        )
         muon_part = Chain(
             ScaleByMuon(
                 self.ns_coeffs,

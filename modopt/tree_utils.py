@@ -1,8 +1,13 @@
 """`modopt.tree`'s functions by optax's `tree_utils` names (`tree_add`, `tree_get`, ...).
 
 Each name is the same function as in `modopt.tree` (`tree_utils.tree_norm is tree.norm`), for
-code written against `optax.tree_utils`.
+code written against `optax.tree_utils`. The names optax deprecated (`tree_scalar_mul`,
+`tree_add_scalar_mul`, `tree_l1_norm`, `tree_l2_norm`, `tree_linf_norm`) still resolve, with a
+`DeprecationWarning` naming the replacement, as in optax 0.2.8.
 """
+
+import functools as _functools
+import warnings as _warnings
 
 from . import tree as _tree
 from .tree._state import NamedTupleKey as NamedTupleKey
@@ -42,3 +47,23 @@ tree_update_moment_per_elem_norm = _tree.update_moment_per_elem_norm
 tree_vdot = _tree.vdot
 tree_where = _tree.where
 tree_zeros_like = _tree.zeros_like
+
+_DEPRECATED = {
+    "tree_scalar_mul": ("tree_scale", _tree.scale),
+    "tree_add_scalar_mul": ("tree_add_scale", _tree.add_scale),
+    "tree_l1_norm": ("tree_norm(..., ord=1)", _functools.partial(_tree.norm, ord=1)),
+    "tree_l2_norm": ("tree_norm", _functools.partial(_tree.norm, ord=2)),
+    "tree_linf_norm": ("tree_norm(..., ord='inf')", _functools.partial(_tree.norm, ord="inf")),
+}
+
+
+def __getattr__(name):
+    if name in _DEPRECATED:
+        replacement, value = _DEPRECATED[name]
+        _warnings.warn(
+            f"modopt.tree_utils.{name} is deprecated (as in optax): use modopt.tree_utils.{replacement}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value
+    raise AttributeError(f"module 'modopt.tree_utils' has no attribute {name!r}")

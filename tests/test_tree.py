@@ -97,6 +97,19 @@ def test_tree_utils_names_are_the_same_functions():
         assert getattr(modopt.tree_utils, f"tree_{name}") is getattr(modopt.tree, name), name
 
 
+@pytest.mark.parametrize("name", ["tree_scalar_mul", "tree_add_scalar_mul", "tree_l1_norm", "tree_l2_norm", "tree_linf_norm"])
+def test_names_optax_deprecated_still_resolve_with_a_warning(name):
+    x, y = make_tree(jnp.float32), make_tree(jnp.float32, seed=1)
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        ours = getattr(modopt.tree_utils, name)
+    with pytest.warns(DeprecationWarning):
+        theirs = getattr(optax.tree_utils, name)
+    args = {"tree_scalar_mul": (0.5, x), "tree_add_scalar_mul": (x, 0.5, y)}.get(name, (x,))
+    assert_same(ours(*args), theirs(*args), name)
+    with pytest.raises(AttributeError, match="tree_nothing"):
+        modopt.tree_utils.tree_nothing  # noqa: B018
+
+
 @pytest.mark.parametrize("name", sorted(public(optax.tree)))
 def test_signature_is_optax(name):
     ours = inspect.signature(getattr(modopt.tree, name)).parameters

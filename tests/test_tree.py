@@ -604,6 +604,9 @@ def test_map_params_on_a_grouped_state_without_the_optimizer_says_so():
     grouped = modopt.Optimizer(modopt.adam(1e-2), model)
     with pytest.raises(ValueError, match="grouped"):
         modopt.tree.map_params(grouped, doubled, modopt.adam(1e-2).init(eqx.filter(model, eqx.is_inexact_array)))
+    model_specs = jax.tree.map(lambda x: P(), model)
+    with pytest.raises(ValueError, match="pass the Optimizer itself"):
+        modopt.tree.map_params(grouped.tx, lambda p, s: s, grouped.state, model_specs)
 
 
 # ---- other named nodes: Equinox modules anywhere in a tree -------------------------------

@@ -375,7 +375,16 @@ def _map_tree(f: Callable[..., Any], tree: Any, rest: tuple[Any, ...], is_leaf: 
     if is_leaf is not None:
         return jax.tree_util.tree_map(f, tree, *rest, is_leaf=is_leaf)
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_holds_nothing)
-    others = [treedef.flatten_up_to(other) for other in rest]
+    try:
+        others = [treedef.flatten_up_to(other) for other in rest]
+    except ValueError as error:
+        if isinstance(tree, dict) and tree.keys() == {"grouped", "ungrouped"}:
+            raise ValueError(
+                "map_params: this state keeps small leaves in flat buffers (an Optimizer's grouped state), so "
+                "`rest` does not match it: pass the Optimizer itself as `initable`, and `f` sees the parameters' "
+                "layout."
+            ) from error
+        raise
     out = [leaf if _holds_nothing(leaf) else f(leaf, *more) for leaf, *more in zip(leaves, *others)]
     return treedef.unflatten(out)
 

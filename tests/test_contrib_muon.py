@@ -263,3 +263,17 @@ def test_madgrad_reports_its_scheduled_learning_rate():
     optimizer = modopt.Optimizer(contrib.madgrad(schedule), params)
     params, optimizer = optimizer.step(params, jnp.ones(3))
     assert float(optimizer.learning_rate) == pytest.approx(0.095)
+
+
+def test_scale_by_muon_without_dimension_numbers_takes_a_tree_of_matrices():
+    """optax 0.2.8's `scale_by_muon()` fails on a tree of several matrices without dimension
+    numbers; modopt's treats each as a matrix, as optax does given the default numbers per leaf."""
+    params = {
+        "a": jax.random.normal(jax.random.key(8), (3, 4)),
+        "b": jax.random.normal(jax.random.key(9), (6, 5)),
+    }
+    default = {name: optax.contrib.MuonDimensionNumbers() for name in params}
+    close(
+        run(contrib.scale_by_muon(), params),
+        run(optax.contrib.scale_by_muon(weight_dimension_numbers=default), params),
+    )

@@ -26,7 +26,9 @@ from modopt import contrib
 def assert_trees_close(ours, theirs, what="", rtol=1e-6, atol=1e-6):
     our_flat = jax.tree_util.tree_flatten_with_path(ours)[0]
     their_flat = jax.tree_util.tree_flatten_with_path(theirs)[0]
-    assert [jax.tree_util.keystr(p) for p, _ in our_flat] == [jax.tree_util.keystr(p) for p, _ in their_flat], what
+    assert [jax.tree_util.keystr(p) for p, _ in our_flat] == [
+        jax.tree_util.keystr(p) for p, _ in their_flat
+    ], what
     for (path, a), (_, b) in zip(our_flat, their_flat):
         if jnp.issubdtype(jnp.result_type(a), jax.dtypes.prng_key):
             a = jax.random.key_data(a)
@@ -35,7 +37,11 @@ def assert_trees_close(ours, theirs, what="", rtol=1e-6, atol=1e-6):
         assert jnp.shape(a) == jnp.shape(b), f"{what} {jax.tree_util.keystr(path)}"
         assert jnp.result_type(a) == jnp.result_type(b), f"{what} {jax.tree_util.keystr(path)}"
         np.testing.assert_allclose(
-            np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=rtol, atol=atol, err_msg=f"{what} {jax.tree_util.keystr(path)}"
+            np.asarray(a, np.float64),
+            np.asarray(b, np.float64),
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"{what} {jax.tree_util.keystr(path)}",
         )
 
 
@@ -49,7 +55,11 @@ def quadratic(params):
 
 def small_params():
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    return {"w": jax.random.normal(k1, (6, 4)), "v": jax.random.normal(k2, (3, 8)), "b": jax.random.normal(k3, (4,))}
+    return {
+        "w": jax.random.normal(k1, (6, 4)),
+        "v": jax.random.normal(k2, (3, 8)),
+        "b": jax.random.normal(k3, (4,)),
+    }
 
 
 def model_and_loss():
@@ -79,7 +89,9 @@ def test_sophia_with_an_objective_of_the_model_matches_optax():
     params, rest = eqx.partition(model, eqx.is_inexact_array)
     make = dict(update_interval=2, gamma=0.05, weight_decay=1e-3)
     optimizer = modopt.Optimizer(
-        contrib.sophia(0.02, hessian_diagonal_fn=contrib.hutchinson_estimator_diag_hessian(jax.random.key(4)), **make),
+        contrib.sophia(
+            0.02, hessian_diagonal_fn=contrib.hutchinson_estimator_diag_hessian(jax.random.key(4)), **make
+        ),
         model,
     )
     theirs = optax.contrib.sophia(
@@ -111,7 +123,9 @@ def test_sophia_mu_dtype_and_win_rate_printing_match_optax(capfd):
     obj = jax.tree_util.Partial(quadratic)
     make = dict(mu_dtype=jnp.bfloat16, verbose=True, print_win_rate_every_n_steps=2, update_interval=1)
     ours = contrib.sophia(0.1, hessian_diagonal_fn=contrib.hutchinson_estimator_diag_hessian(1), **make)
-    theirs = optax.contrib.sophia(0.1, hessian_diagonal_fn=optax.contrib.hutchinson_estimator_diag_hessian(jax.random.key(1)), **make)
+    theirs = optax.contrib.sophia(
+        0.1, hessian_diagonal_fn=optax.contrib.hutchinson_estimator_diag_hessian(jax.random.key(1)), **make
+    )
     outputs = []
     for tx in (ours, theirs):
         state, p, update = tx.init(params), params, jax.jit(tx.update)
@@ -157,7 +171,9 @@ def test_sophia_and_hutchinson_errors():
 def test_sophia_hyperparameters_are_leaves_and_the_default_estimator_is_seed_0():
     tx = contrib.sophia(0.1)
     assert isinstance(tx.hessian_diagonal_fn, contrib.HutchinsonEstimatorDiagHessian)
-    np.testing.assert_array_equal(jax.random.key_data(tx.hessian_diagonal_fn.random_seed), jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(
+        jax.random.key_data(tx.hessian_diagonal_fn.random_seed), jax.random.PRNGKey(0)
+    )
     names = modopt.hyperparameters(tx)
     assert {"gamma", "clip_threshold", "update_interval", "b1", "b2"} <= set(names)
     assert jax.tree_util.tree_leaves(tx)  # the key is a leaf too
@@ -205,7 +221,10 @@ def test_hutchinson_averages_to_the_diagonal_of_a_dense_hessian():
 def test_hutchinson_matches_optax_and_advances_its_key():
     params = small_params()
     obj = jax.tree_util.Partial(quadratic)
-    ours, theirs = contrib.hutchinson_estimator_diag_hessian(9), optax.contrib.hutchinson_estimator_diag_hessian(jax.random.key(9))
+    ours, theirs = (
+        contrib.hutchinson_estimator_diag_hessian(9),
+        optax.contrib.hutchinson_estimator_diag_hessian(jax.random.key(9)),
+    )
     s1, s2 = ours.init(params), theirs.init(params)
     for _ in range(2):
         e1, s1 = ours.update(params, s1, params, obj_fn=obj)
@@ -265,12 +284,22 @@ def test_galore_refreshes_projections_every_gap_steps_like_optax_and_numpy():
 def test_galore_through_an_optimizer_with_a_3d_leaf_and_weight_decay():
     """Dimension numbers project the (2, 3, 4) leaf as a (2, 12) matrix; `galore` with weight
     decay and a mask equals optax's, through `Optimizer.step`."""
-    params = {"w": jax.random.normal(jax.random.key(0), (5, 4)), "cube": jax.random.normal(jax.random.key(1), (2, 3, 4))}
+    params = {
+        "w": jax.random.normal(jax.random.key(0), (5, 4)),
+        "cube": jax.random.normal(jax.random.key(1), (2, 3, 4)),
+    }
     dims = {"w": contrib.GaLoreDimensionNumbers(), "cube": contrib.GaLoreDimensionNumbers(0, (1, 2))}
-    their_dims = {"w": optax.contrib.GaLoreDimensionNumbers(), "cube": optax.contrib.GaLoreDimensionNumbers(0, (1, 2))}
+    their_dims = {
+        "w": optax.contrib.GaLoreDimensionNumbers(),
+        "cube": optax.contrib.GaLoreDimensionNumbers(0, (1, 2)),
+    }
     mask = {"w": True, "cube": False}
-    tx = contrib.galore(0.1, rank=2, update_proj_gap=2, weight_decay=0.1, mask=mask, weight_dimension_numbers=dims)
-    theirs = optax.contrib.galore(0.1, rank=2, update_proj_gap=2, weight_decay=0.1, mask=mask, weight_dimension_numbers=their_dims)
+    tx = contrib.galore(
+        0.1, rank=2, update_proj_gap=2, weight_decay=0.1, mask=mask, weight_dimension_numbers=dims
+    )
+    theirs = optax.contrib.galore(
+        0.1, rank=2, update_proj_gap=2, weight_decay=0.1, mask=mask, weight_dimension_numbers=their_dims
+    )
     optimizer, state, p = modopt.Optimizer(tx, params), theirs.init(params), params
     assert optimizer.state[0].projector["cube"].shape == (12, 2)
     step = eqx.filter_jit(lambda params, optimizer: optimizer.step(params, jax.grad(quadratic)(params)))
@@ -288,11 +317,20 @@ def test_galore_sharding_rule():
     parameter splits it; a merged group keeps its first axis's split only."""
     params = {"a": jnp.zeros((6, 4)), "b": jnp.zeros((4,)), "c": jnp.zeros((3, 8)), "d": jnp.zeros((2, 3, 4))}
     D = contrib.GaLoreDimensionNumbers
-    tx = contrib.scale_by_galore(rank=2, weight_dimension_numbers=lambda p: {"a": D(1, 0), "b": None, "c": D(), "d": D(0, (1, 2))})
-    specs = tx.state_specs(params, {"a": P("x", None), "b": P("x"), "c": P(None, "y"), "d": P("x", None, "y")})
+    tx = contrib.scale_by_galore(
+        rank=2, weight_dimension_numbers=lambda p: {"a": D(1, 0), "b": None, "c": D(), "d": D(0, (1, 2))}
+    )
+    specs = tx.state_specs(
+        params, {"a": P("x", None), "b": P("x"), "c": P(None, "y"), "d": P("x", None, "y")}
+    )
     # a: rows = axis 1 (4), columns = axis 0 (6): m < n, so P is (6, 2), split like axis 0.
     assert specs.projector == {"a": P("x", None), "b": P(), "c": P("y", None), "d": P(None, None)}
-    assert specs.base_optimizer_state.mu == {"a": P(None, None), "b": P("x"), "c": P(None, None), "d": P("x", None)}
+    assert specs.base_optimizer_state.mu == {
+        "a": P(None, None),
+        "b": P("x"),
+        "c": P(None, None),
+        "d": P("x", None),
+    }
     assert specs.count == P()
     specs = tx.state_specs(params, {"a": P(), "b": P(), "c": P(), "d": P(None, "x", None)})
     assert specs.projector["d"] == P("x", None)  # columns (1, 2): axis 1 split, axis 2 not
@@ -305,7 +343,9 @@ def test_galore_sharding_rule():
         (lambda: contrib.scale_by_galore(rank=0), ValueError, r"Invalid rank: 0 \(must be >= 1\)"),
         (lambda: contrib.scale_by_galore(update_proj_gap=0), ValueError, "Invalid update_proj_gap"),
         (
-            lambda: contrib.scale_by_galore(weight_dimension_numbers={"w": None, "v": None, "b": contrib.GaLoreDimensionNumbers()}).init(small_params()),
+            lambda: contrib.scale_by_galore(
+                weight_dimension_numbers={"w": None, "v": None, "b": contrib.GaLoreDimensionNumbers()}
+            ).init(small_params()),
             ValueError,
             r"rank >= 2; the one at \['b'\] has shape \(4,\)",
         ),
@@ -315,12 +355,16 @@ def test_galore_sharding_rule():
             "must be shaped like the parameters",
         ),
         (
-            lambda: contrib.scale_by_galore(weight_dimension_numbers=contrib.GaLoreDimensionNumbers(0, 0)).init(small_params()),
+            lambda: contrib.scale_by_galore(
+                weight_dimension_numbers=contrib.GaLoreDimensionNumbers(0, 0)
+            ).init(small_params()),
             ValueError,
             r"overlap for the parameter at \['b'\]|overlap for the parameter at \['v'\]",
         ),
         (
-            lambda: contrib.scale_by_galore(weight_dimension_numbers={"w": 3, "v": None, "b": None}).init(small_params()),
+            lambda: contrib.scale_by_galore(weight_dimension_numbers={"w": 3, "v": None, "b": None}).init(
+                small_params()
+            ),
             ValueError,
             r"has 3 for the parameter at \['w'\]",
         ),
@@ -346,8 +390,12 @@ def test_galore_base_optimizer_gets_no_params():
 def test_sam_transparent_matches_optax(sync_period, reset_state):
     params = small_params()
     make = dict(sync_period=sync_period, reset_state=reset_state)
-    ours = contrib.sam(modopt.sgd(0.1, momentum=0.9), modopt.chain(contrib.normalize(), modopt.adam(0.05)), **make)
-    theirs = optax.contrib.sam(optax.sgd(0.1, momentum=0.9), optax.chain(optax.contrib.normalize(), optax.adam(0.05)), **make)
+    ours = contrib.sam(
+        modopt.sgd(0.1, momentum=0.9), modopt.chain(contrib.normalize(), modopt.adam(0.05)), **make
+    )
+    theirs = optax.contrib.sam(
+        optax.sgd(0.1, momentum=0.9), optax.chain(optax.contrib.normalize(), optax.adam(0.05)), **make
+    )
     s1, s2, p1, p2 = ours.init(params), theirs.init(params), params, params
     update = jax.jit(ours.update)
     for step in range(2 * sync_period + 1):
@@ -365,8 +413,18 @@ def test_sam_opaque_through_an_optimizer_with_a_model_matches_optax():
     SAM as a function of the trained leaves; the numbers are optax's opaque SAM's."""
     model, loss = model_and_loss()
     params, rest = eqx.partition(model, eqx.is_inexact_array)
-    ours = contrib.sam(modopt.adam(0.02), modopt.chain(contrib.normalize(), modopt.sgd(0.05)), sync_period=3, opaque_mode=True)
-    theirs = optax.contrib.sam(optax.adam(0.02), optax.chain(optax.contrib.normalize(), optax.sgd(0.05)), sync_period=3, opaque_mode=True)
+    ours = contrib.sam(
+        modopt.adam(0.02),
+        modopt.chain(contrib.normalize(), modopt.sgd(0.05)),
+        sync_period=3,
+        opaque_mode=True,
+    )
+    theirs = optax.contrib.sam(
+        optax.adam(0.02),
+        optax.chain(optax.contrib.normalize(), optax.sgd(0.05)),
+        sync_period=3,
+        opaque_mode=True,
+    )
     optimizer, state = modopt.Optimizer(ours, model), theirs.init(params)
     assert optimizer.state.cache is None
 
@@ -378,7 +436,9 @@ def test_sam_opaque_through_an_optimizer_with_a_model_matches_optax():
     their_loss = lambda p: loss(eqx.combine(p, rest))  # noqa: E731
     for _ in range(3):
         model, optimizer = step(model, optimizer)
-        updates, state = theirs.update(jax.grad(their_loss)(params), state, params, grad_fn=lambda p, i: jax.grad(their_loss)(p))
+        updates, state = theirs.update(
+            jax.grad(their_loss)(params), state, params, grad_fn=lambda p, i: jax.grad(their_loss)(p)
+        )
         params = optax.apply_updates(params, updates)
     assert_trees_close(eqx.filter(model, eqx.is_inexact_array), params, "params", rtol=1e-5)
     assert_trees_close(optimizer.state, state, "state", rtol=1e-5)
@@ -392,7 +452,9 @@ def test_sam_opaque_calls_grad_fn_once_per_adversarial_step():
         calls.append(i)
         return jax.grad(quadratic)(p)
 
-    tx = contrib.sam(modopt.sgd(0.1), modopt.chain(contrib.normalize(), modopt.sgd(0.05)), sync_period=4, opaque_mode=True)
+    tx = contrib.sam(
+        modopt.sgd(0.1), modopt.chain(contrib.normalize(), modopt.sgd(0.05)), sync_period=4, opaque_mode=True
+    )
     tx.update(jax.grad(quadratic)(params), tx.init(params), params, grad_fn=grad_fn)
     assert calls == [0, 1, 2]
 

@@ -193,7 +193,9 @@ class ScaleByGalore(AbstractWrapper):
 
     def __check_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
-            raise TypeError(f"Invalid rank: {self.rank!r} of type {type(self.rank).__name__} (must be an int) in ScaleByGalore.")
+            raise TypeError(
+                f"Invalid rank: {self.rank!r} of type {type(self.rank).__name__} (must be an int) in ScaleByGalore."
+            )
         if self.rank < 1:
             raise ValueError(f"Invalid rank: {self.rank} (must be >= 1) in ScaleByGalore.")
 
@@ -213,7 +215,9 @@ class ScaleByGalore(AbstractWrapper):
         else:
             numbers = _per_leaf(spec(params) if callable(spec) else spec.tree, params)
         return [
-            None if dims is None else _layout(tuple(jnp.shape(p)), dims, self.rank, jax.tree_util.keystr(path))
+            None
+            if dims is None
+            else _layout(tuple(jnp.shape(p)), dims, self.rank, jax.tree_util.keystr(path))
             for (path, p), dims in zip(flat, numbers)
         ]
 
@@ -235,7 +239,9 @@ class ScaleByGalore(AbstractWrapper):
             return GaLoreState(jnp.zeros([], jnp.int32), self.inner.init(params), params)
         proxies, projectors = self._proxies_and_projectors(params)
         return GaLoreState(
-            count=jnp.zeros([], jnp.int32), base_optimizer_state=self.inner.init(proxies), projector=projectors
+            count=jnp.zeros([], jnp.int32),
+            base_optimizer_state=self.inner.init(proxies),
+            projector=projectors,
         )
 
     def update(self, updates, state, params=None, **extra_args):
@@ -251,7 +257,9 @@ class ScaleByGalore(AbstractWrapper):
                 projectors.append(projector)
                 continue
             matrix = layout.to_matrix(g)
-            projector = jax.lax.cond(refresh, lambda m=matrix, lay=layout: _svd_projector(m, lay), lambda p=projector: p)
+            projector = jax.lax.cond(
+                refresh, lambda m=matrix, lay=layout: _svd_projector(m, lay), lambda p=projector: p
+            )
             projected.append(projector.T @ matrix if layout.left else matrix @ projector)
             projectors.append(projector)
         low_rank, base_state = self.inner.update(
@@ -265,7 +273,9 @@ class ScaleByGalore(AbstractWrapper):
             matrix = projector @ n if layout.left else n @ projector.T
             full.append((self.scale * layout.from_matrix(matrix, g.shape)).astype(g.dtype))
         new_state = GaLoreState(
-            count=safe_increment(state.count), base_optimizer_state=base_state, projector=treedef.unflatten(projectors)
+            count=safe_increment(state.count),
+            base_optimizer_state=base_state,
+            projector=treedef.unflatten(projectors),
         )
         return treedef.unflatten(full), new_state
 
@@ -315,7 +325,9 @@ def _per_leaf(numbers: Any, params: Any) -> list[GaLoreDimensionNumbers | None]:
     as one entry per leaf of `params`, with a clear error when the structures differ."""
     treedef = jax.tree_util.tree_structure(params)
     try:
-        aligned = jax.tree_util.tree_map(lambda p, d: None if p is None else d, params, numbers, is_leaf=is_none)
+        aligned = jax.tree_util.tree_map(
+            lambda p, d: None if p is None else d, params, numbers, is_leaf=is_none
+        )
         per_leaf = treedef.flatten_up_to(aligned)
     except (ValueError, TypeError) as error:
         raise ValueError(
@@ -378,7 +390,11 @@ class Galore(AbstractComposite):
     def build(self):
         return Chain(
             ScaleByGalore(
-                self.rank, self.update_proj_gap, self.scale, self.base_optimizer, self.weight_dimension_numbers
+                self.rank,
+                self.update_proj_gap,
+                self.scale,
+                self.base_optimizer,
+                self.weight_dimension_numbers,
             ),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),

@@ -88,7 +88,12 @@ class ReduceOnPlateau(AbstractTransform):
     min_scale: Any = hyperparameter(0.0, check=NONNEGATIVE)
 
     def __check_init__(self):
-        if is_concrete(self.rtol) and is_concrete(self.atol) and float(self.rtol) == 0 and float(self.atol) == 0:
+        if (
+            is_concrete(self.rtol)
+            and is_concrete(self.atol)
+            and float(self.rtol) == 0
+            and float(self.atol) == 0
+        ):
             raise ValueError(
                 "Invalid rtol and atol: both are 0 in ReduceOnPlateau (at least one must be > 0, or every "
                 "equal value would count as an improvement)."
@@ -109,7 +114,9 @@ class ReduceOnPlateau(AbstractTransform):
     def update(self, updates, state, params=None, **extra_args):
         value = jnp.asarray(extra_arg(extra_args, "value", self))
         if value.shape != ():
-            raise ValueError(f"ReduceOnPlateau.update: `value` must be a scalar (the loss), got shape {value.shape}.")
+            raise ValueError(
+                f"ReduceOnPlateau.update: `value` must be a scalar (the loss), got shape {value.shape}."
+            )
         count = safe_increment(state.count)
         average = (state.count * state.avg_value + value.astype(state.avg_value.dtype)) / count
         state = state._replace(avg_value=average.astype(state.avg_value.dtype), count=count)
@@ -129,7 +136,9 @@ class ReduceOnPlateau(AbstractTransform):
         new_plateau = jnp.where(cooling | reduce, 0, plateau).astype(jnp.int32)
         reduced = jnp.maximum(jnp.where(reduce, state.scale * self.factor, state.scale), self.min_scale)
         new_scale = jnp.where(cooling, state.scale, reduced.astype(state.scale.dtype))
-        new_cooldown = jnp.where(cooling, state.cooldown_count - 1, jnp.where(reduce, self.cooldown, 0)).astype(jnp.int32)
+        new_cooldown = jnp.where(
+            cooling, state.cooldown_count - 1, jnp.where(reduce, self.cooldown, 0)
+        ).astype(jnp.int32)
         return ReduceLROnPlateauState(
             scale=new_scale,
             best_value=best.astype(state.best_value.dtype),

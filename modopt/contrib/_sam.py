@@ -164,7 +164,9 @@ class Sam(AbstractTransform):
             )
         adv_params, adv_updates, adv_state = params, updates, state.adv_state
         for i in range(self.sync_period - 1):
-            adv_updates, adv_state = self.adv_optimizer.update(adv_updates, adv_state, adv_params, **extra_args)
+            adv_updates, adv_state = self.adv_optimizer.update(
+                adv_updates, adv_state, adv_params, **extra_args
+            )
             adv_updates = jax.tree_util.tree_map(jnp.negative, adv_updates)
             adv_params = apply_updates(adv_params, adv_updates)
             adv_updates = _like_params(grad_fn(adv_params, i), params)

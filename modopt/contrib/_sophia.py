@@ -23,7 +23,9 @@ from ..second_order import hvp
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 
 READS_OBJ_FN = (
-    ExtraArg("obj_fn", "the loss as a function of the parameters alone, `obj_fn(params) -> scalar`", of_params=True),
+    ExtraArg(
+        "obj_fn", "the loss as a function of the parameters alone, `obj_fn(params) -> scalar`", of_params=True
+    ),
 )
 
 
@@ -81,7 +83,9 @@ class HutchinsonEstimatorDiagHessian(AbstractTransform):
         leaves, treedef = jax.tree_util.tree_flatten(params)
         keys = jax.random.split(subkey, len(leaves))
         lowest = _lowest_float(leaves)
-        signs = [jax.random.rademacher(k, jnp.shape(p), jnp.float32).astype(lowest) for k, p in zip(keys, leaves)]
+        signs = [
+            jax.random.rademacher(k, jnp.shape(p), jnp.float32).astype(lowest) for k, p in zip(keys, leaves)
+        ]
         signs = treedef.unflatten(signs)
         product = hvp(lambda p, _inputs, _targets: obj_fn(p), signs, params, None, None)
         return jax.tree_util.tree_map(lambda h, z: h * z, product, signs), HutchinsonState(key=key)
@@ -189,13 +193,21 @@ class ScaleBySophia(AbstractTransform):
             updates = jax.tree_util.tree_map(lambda u: jnp.clip(u, -threshold, threshold), updates)
 
         def refresh(hessian_state, nu):
-            diagonal, hessian_state = self.hessian_diagonal_fn.update(grads, hessian_state, params, **extra_args)
+            diagonal, hessian_state = self.hessian_diagonal_fn.update(
+                grads, hessian_state, params, **extra_args
+            )
             return hessian_state, cast_like(update_moment(diagonal, nu, self.b2, 1), nu)
 
         hessian_state, nu = jax.lax.cond(
-            state.count % self.update_interval == 0, refresh, lambda h, n: (h, n), state.hessian_fn_state, state.nu
+            state.count % self.update_interval == 0,
+            refresh,
+            lambda h, n: (h, n),
+            state.hessian_fn_state,
+            state.nu,
         )
-        return updates, SophiaState(count=count, mu=cast(mu, self.mu_dtype), nu=nu, hessian_fn_state=hessian_state)
+        return updates, SophiaState(
+            count=count, mu=cast(mu, self.mu_dtype), nu=nu, hessian_fn_state=hessian_state
+        )
 
     def _print_win_rate(self, updates, threshold, count):
         """Prints the fraction of unclipped elements, every `print_win_rate_every_n_steps` steps."""

@@ -29,4 +29,5 @@ from ._schedules import cosine_decay_schedule as cosine_decay_schedule
 from ._schedules import join_schedules as join_schedules
 from ._schedules import linear_schedule as linear_schedule
 from ._schedules import polynomial_schedule as polynomial_schedule
+from ._schedules import warmup_constant_schedule as warmup_constant_schedule
 from ._schedules import warmup_cosine_decay_schedule as warmup_cosine_decay_schedule

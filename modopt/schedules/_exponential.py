@@ -6,14 +6,18 @@ the compiled step; `staircase` and whether there is an `end_value` are structure
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from .._fields import FINITE, NONNEGATIVE, POSITIVE, hyperparameter, static
 from ._base import AbstractSchedule
-from ._schedules import JoinSchedules, as_count, linear_schedule
+from ._exact import Derived, derive, divide
+from ._schedules import JoinSchedules, as_count, linear_schedule, with_span
 
 
 class ExponentialDecaySchedule(AbstractSchedule):
@@ -60,7 +64,7 @@ class ExponentialDecaySchedule(AbstractSchedule):
 
     def __call__(self, count):
         elapsed = as_count(count) - jnp.maximum(self.transition_begin, 0)
-        exponent = elapsed / self.transition_steps
+        exponent = divide(elapsed, self.transition_steps)
         if self.staircase:
             exponent = jnp.floor(exponent)
         value = jnp.where(
@@ -102,10 +106,27 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
     transition_begin: Any = hyperparameter(default=0, check=FINITE)
     staircase: bool = static(default=False)
     end_value: Any = hyperparameter(default=None, check=FINITE)
+    warmup_span: Derived = eqx.field(repr=False)  # `init_value - peak_value`, as optax computes it
+
+    def __init__(
+        self,
+        init_value: ArrayLike,
+        peak_value: ArrayLike,
+        warmup_steps: ArrayLike,
+        transition_steps: ArrayLike,
+        decay_rate: ArrayLike,
+        transition_begin: ArrayLike = 0,
+        staircase: bool = False,
+        end_value: ArrayLike | None = None,
+    ):
+        self.init_value, self.peak_value, self.warmup_steps = init_value, peak_value, warmup_steps
+        self.transition_steps, self.decay_rate, self.transition_begin = transition_steps, decay_rate, transition_begin
+        self.staircase, self.end_value = staircase, end_value
+        self.warmup_span = derive(operator.sub, init_value, peak_value)
 
     def as_join(self) -> JoinSchedules:
         """The same schedule written as a join of its two phases."""
-        warmup = linear_schedule(self.init_value, self.peak_value, self.warmup_steps)
+        warmup = with_span(linear_schedule(self.init_value, self.peak_value, self.warmup_steps), self.warmup_span)
         decay = ExponentialDecaySchedule(
             self.peak_value,
             self.transition_steps,

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._fields import FINITE, FINITE_NONNEGATIVE, _shown, choice, hyperparameter, is_concrete
 from ._base import AbstractSchedule, as_boundaries, as_vector
+from ._exact import divide, is_traced
 from ._schedules import as_count
 
 
@@ -160,8 +161,12 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
         starts = jnp.concatenate([jnp.zeros((1,), ends.dtype), ends])  # b_0 = 0, b_1, ..., b_n
         values = jnp.cumprod(jnp.concatenate([jnp.reshape(self.init_value, (1,)), self.scales]))
         lengths = jnp.maximum(ends - starts[:-1], 1)
-        fraction = (count - starts[:-1]) / lengths
-        pieces = _INTERPOLATE[self.interpolate_type](values[:-1], values[1:], fraction)
+        if self.interpolate_type == "linear" and is_traced(lengths, values):
+            # XLA folds optax's constants: `(count - start) * ((end - start) * (1 / length))`
+            pieces = values[:-1] + (count - starts[:-1]) * ((values[1:] - values[:-1]) * (1 / lengths))
+        else:
+            fraction = divide(count - starts[:-1], lengths)
+            pieces = _INTERPOLATE[self.interpolate_type](values[:-1], values[1:], fraction)
         inside = (starts[:-1] <= count) & (count < ends)
         return jnp.sum(jnp.where(inside, pieces, 0)) + jnp.where(starts[-1] <= count, values[-1], 0)
 

@@ -6,16 +6,19 @@ schedule's length can change without a retrace.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from .._fields import FINITE, NONNEGATIVE, POSITIVE, FINITE_NONNEGATIVE, hyperparameter, is_concrete
+from .._fields import FINITE, FINITE_NONNEGATIVE, NONNEGATIVE, POSITIVE, Rate, as_rate, hyperparameter, is_concrete, rate
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
+from ._exact import Derived, derive, divide, is_traced, power
 
 
 def as_count(count: Any) -> Any:
@@ -51,7 +54,9 @@ class PolynomialSchedule(AbstractSchedule):
     With `t = clip(count - transition_begin, 0, transition_steps)`:
     `(init_value - end_value) * (1 - t / transition_steps) ** power + end_value`.
     A non-positive `transition_steps` gives the constant `init_value`; a negative
-    `transition_begin` counts as 0.
+    `transition_begin` counts as 0. `init_value - end_value` is computed as optax computes it,
+    from the numbers as given (see `modopt.schedules._exact`), so the values are optax's to
+    the bit.
 
     Args:
         init_value: the value up to `transition_begin`.
@@ -67,6 +72,19 @@ class PolynomialSchedule(AbstractSchedule):
     power: Any = hyperparameter(check=FINITE_NONNEGATIVE)
     transition_steps: Any = hyperparameter(check=FINITE)
     transition_begin: Any = hyperparameter(default=0, check=FINITE)
+    span: Derived = eqx.field(repr=False)  # `init_value - end_value` as optax computes it
+
+    def __init__(
+        self,
+        init_value: ArrayLike,
+        end_value: ArrayLike,
+        power: ArrayLike,
+        transition_steps: ArrayLike,
+        transition_begin: ArrayLike = 0,
+    ):
+        self.init_value, self.end_value, self.power = init_value, end_value, power
+        self.transition_steps, self.transition_begin = transition_steps, transition_begin
+        self.span = derive(operator.sub, init_value, end_value)
 
     def probe_counts(self):
         begin = max(np.asarray(self.transition_begin).item(), 0)
@@ -75,10 +93,14 @@ class PolynomialSchedule(AbstractSchedule):
     def __call__(self, count):
         count = as_count(count)
         begin = jnp.maximum(self.transition_begin, 0)
-        steps = jnp.maximum(self.transition_steps, 1)
+        steps = jnp.where(self.transition_steps <= 0, 1, self.transition_steps)
         t = jnp.clip(count - begin, 0, steps)
-        remaining = (steps - t) / steps  # exactly 0 at the end, where `1 - t / steps` may dip below 0
-        decayed = (self.init_value - self.end_value) * remaining**self.power + self.end_value
+        span = self.span.get(operator.sub, self.init_value, self.end_value)
+        # Past the end `1 - t * (1 / steps)` (optax's form under `jit`) can round to -1e-7: the
+        # value is then `end_value` exactly, where optax's jitted schedule overshoots it by a
+        # rounding (below 0 when decaying to 0; NaN for a fractional power).
+        remaining = jnp.maximum(1 - divide(t, steps), 0)
+        decayed = span * power(remaining, self.power) + self.end_value
         return jnp.where(self.transition_steps <= 0, self.init_value, decayed)
 
 
@@ -97,11 +119,31 @@ def linear_schedule(
     return PolynomialSchedule(init_value, end_value, 1, transition_steps, transition_begin)
 
 
+def warmup_constant_schedule(init_value: ArrayLike, peak_value: ArrayLike, warmup_steps: ArrayLike) -> PolynomialSchedule:
+    """Linear warmup from `init_value` to `peak_value` over `warmup_steps`, then `peak_value`.
+
+    It is `linear_schedule(init_value, peak_value, warmup_steps)`.
+
+    Args:
+        init_value: the value at step 0.
+        peak_value: the value from the end of the warmup on.
+        warmup_steps: the length of the warmup; a non-positive one gives the constant `init_value`
+            (as `linear_schedule` does).
+
+    Example:
+        >>> schedule = modopt.warmup_constant_schedule(0.0, 1e-3, 100)
+        >>> [round(float(schedule(c)), 6) for c in (0, 50, 100, 1000)]
+        [0.0, 0.0005, 0.001, 0.001]
+    """
+    return linear_schedule(init_value, peak_value, warmup_steps)
+
+
 class CosineDecaySchedule(AbstractSchedule):
     r"""Cosine decay from `init_value` to `alpha * init_value` over `decay_steps`.
 
     `init_value * ((1 - alpha) * (0.5 * (1 + cos(pi * t / decay_steps))) ** exponent + alpha)`
-    with `t = min(count, decay_steps)`.
+    with `t = min(count, decay_steps)`. `alpha` is a rate: `1 - alpha` is exact, as optax's
+    Python arithmetic gives it.
 
     Args:
         init_value: the value at step 0.
@@ -115,7 +157,7 @@ class CosineDecaySchedule(AbstractSchedule):
 
     init_value: Any = hyperparameter(check=FINITE)
     decay_steps: Any = hyperparameter(check=POSITIVE)
-    alpha: Any = hyperparameter(default=0.0, check=FINITE)
+    alpha: Any = rate(default=0.0, check=FINITE)
     exponent: Any = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
 
     def probe_counts(self):
@@ -124,8 +166,12 @@ class CosineDecaySchedule(AbstractSchedule):
     def __call__(self, count):
         steps = jnp.asarray(self.decay_steps, jnp.float32)
         t = jnp.minimum(jnp.asarray(count, jnp.float32), steps)
-        cosine = 0.5 * (1 + jnp.cos(jnp.pi * t / steps))
-        return self.init_value * ((1 - self.alpha) * cosine**self.exponent + self.alpha)
+        if is_traced(steps):  # XLA folds optax's constants: `t * (pi * (1 / steps))`
+            angle = t * (jnp.pi * (1 / steps))
+        else:
+            angle = jnp.pi * t / steps
+        cosine = 0.5 * (1 + jnp.cos(angle))
+        return self.init_value * ((1 - self.alpha) * power(cosine, self.exponent) + self.alpha)
 
 
 class JoinSchedules(AbstractSchedule):
@@ -175,6 +221,10 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
     """Linear warmup from `init_value` to `peak_value`, then cosine decay to `end_value`.
 
     The cosine part lasts `decay_steps - warmup_steps` steps (`decay_steps` counts the warmup).
+    It is `join_schedules` of `linear_schedule(init_value, peak_value, warmup_steps)` and
+    `cosine_decay_schedule(peak_value, decay_steps - warmup_steps, alpha, exponent)` with
+    `alpha = end_value / peak_value` (0 where `peak_value` is 0), see `as_join`; `alpha` and
+    `init_value - peak_value` are computed as optax computes them, from the numbers as given.
 
     Args:
         init_value: the value at step 0.
@@ -191,6 +241,22 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
     decay_steps: Any = hyperparameter(check=POSITIVE)
     end_value: Any = hyperparameter(default=0.0, check=FINITE)
     exponent: Any = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
+    warmup_span: Derived = eqx.field(repr=False)  # `init_value - peak_value`, as optax computes it
+    alpha: Derived = eqx.field(repr=False)  # `end_value / peak_value` (a rate), as optax computes it
+
+    def __init__(
+        self,
+        init_value: ArrayLike,
+        peak_value: ArrayLike,
+        warmup_steps: ArrayLike,
+        decay_steps: ArrayLike,
+        end_value: ArrayLike = 0.0,
+        exponent: ArrayLike = 1.0,
+    ):
+        self.init_value, self.peak_value, self.end_value, self.exponent = init_value, peak_value, end_value, exponent
+        self.warmup_steps, self.decay_steps = warmup_steps, decay_steps
+        self.warmup_span = derive(operator.sub, init_value, peak_value)
+        self.alpha = derive(end_fraction, end_value, peak_value, convert=as_rate)
 
     def __check_init__(self):
         if is_concrete(self.decay_steps) and is_concrete(self.warmup_steps):
@@ -202,9 +268,8 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
 
     def as_join(self) -> JoinSchedules:
         """The same schedule written as a join of its two phases."""
-        peak_is_zero = self.peak_value == 0
-        alpha = jnp.where(peak_is_zero, 0.0, self.end_value / jnp.where(peak_is_zero, 1.0, self.peak_value))
-        warmup = linear_schedule(self.init_value, self.peak_value, self.warmup_steps)
+        warmup = with_span(linear_schedule(self.init_value, self.peak_value, self.warmup_steps), self.warmup_span)
+        alpha = self.alpha.get(_end_rate, self.end_value, self.peak_value)
         decay = CosineDecaySchedule(self.peak_value, self.decay_steps - self.warmup_steps, alpha, self.exponent)
         return JoinSchedules((warmup, decay), (self.warmup_steps,))
 
@@ -213,6 +278,25 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
 
     def probe_counts(self):
         return (0, np.asarray(self.warmup_steps).item(), np.asarray(self.decay_steps).item())
+
+
+def end_fraction(end_value: Any, peak_value: Any) -> Any:
+    """`end_value / peak_value`, or 0 where `peak_value` is 0 (the `alpha` of a warmup cosine)."""
+    if isinstance(end_value, (int, float)) and isinstance(peak_value, (int, float)):
+        return 0.0 if peak_value == 0.0 else end_value / peak_value  # in Python, as optax
+    zero = jnp.asarray(peak_value) == 0
+    return jnp.where(zero, 0.0, end_value / jnp.where(zero, 1.0, peak_value))
+
+
+def _end_rate(end_value: Any, peak_value: Any) -> Rate:
+    fraction = end_fraction(end_value, peak_value)
+    return Rate(fraction, 1 - fraction)
+
+
+def with_span(schedule: PolynomialSchedule, span: Derived) -> PolynomialSchedule:
+    """`schedule` with `init_value - end_value` taken from `span` (derived where the numbers
+    were given: a schedule built of others passes its own on)."""
+    return eqx.tree_at(lambda s: s.span, schedule, span)
 
 
 constant_schedule = ConstantSchedule

@@ -714,7 +714,7 @@ def test_binary_dice_loss_takes_probabilities():
 def test_dice_probability_check_runs_only_on_concrete_inputs():
     bad = _seg_probabilities * 2
     with pytest.raises(
-        ValueError, match=re.escape("dice_loss: with apply_softmax=False, predictions are probabilities")
+        ValueError, match=re.escape("dice_loss: with apply_softmax=False, predictions must be valid probability distributions")
     ):
         losses.dice_loss(bad, _seg_targets, apply_softmax=False)
     # Under jit the values are unknown: no check (optax fails to trace there).

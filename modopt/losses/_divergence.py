@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -108,7 +109,7 @@ def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, whe
     $$D(q \,\|\, p) = \sum_j q_j (\log q_j - \log p_j) + \sum_j (p_j - q_j)$$
 
     The same function as `generalized_kl_divergence`; errors name `convex_kl_divergence`.
-    optax 0.2.8 warns when it is called; modopt keeps it without a warning.
+    As in optax 0.2.8, calling it warns (`DeprecationWarning`) that the new name is preferred.
 
     Args:
         log_predictions: floating-point log-probabilities `log p` of shape `[..., dim]`.
@@ -127,6 +128,11 @@ def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, whe
     Reference: Kullback & Leibler, 1951, https://doi.org/10.1214/aoms/1177729694; Boyd &
     Vandenberghe, 2004, "Convex Optimization", p. 90.
     """
+    warnings.warn(
+        "convex_kl_divergence is deprecated: use generalized_kl_divergence (the same function).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return _generalized_kl("convex_kl_divergence", log_predictions, targets, axis, where)
 
 

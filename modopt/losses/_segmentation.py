@@ -251,8 +251,8 @@ def _dice(
             sums = np.asarray(jnp.sum(predictions, axis=-1), np.float64)
             if not np.allclose(sums, 1.0, rtol=1e-5):
                 raise ValueError(
-                    f"{loss}: with apply_softmax=False, predictions are probabilities and must sum to 1 "
-                    f"over the class axis (the last); their sums range over [{sums.min():.6f}, {sums.max():.6f}]. "
+                    f"{loss}: with apply_softmax=False, predictions must be valid probability distributions (summing to 1 "
+                    f"over the class axis, the last); their sums range over [{sums.min():.6f}, {sums.max():.6f}]. "
                     "Pass logits with apply_softmax=True instead."
                 )
     if axis is None:

@@ -120,13 +120,19 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
         end_value: ArrayLike | None = None,
     ):
         self.init_value, self.peak_value, self.warmup_steps = init_value, peak_value, warmup_steps
-        self.transition_steps, self.decay_rate, self.transition_begin = transition_steps, decay_rate, transition_begin
+        self.transition_steps, self.decay_rate, self.transition_begin = (
+            transition_steps,
+            decay_rate,
+            transition_begin,
+        )
         self.staircase, self.end_value = staircase, end_value
         self.warmup_span = derive(operator.sub, init_value, peak_value)
 
     def as_join(self) -> JoinSchedules:
         """The same schedule written as a join of its two phases."""
-        warmup = with_span(linear_schedule(self.init_value, self.peak_value, self.warmup_steps), self.warmup_span)
+        warmup = with_span(
+            linear_schedule(self.init_value, self.peak_value, self.warmup_steps), self.warmup_span
+        )
         decay = ExponentialDecaySchedule(
             self.peak_value,
             self.transition_steps,

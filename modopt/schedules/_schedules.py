@@ -16,7 +16,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from .._fields import FINITE, FINITE_NONNEGATIVE, NONNEGATIVE, POSITIVE, Rate, as_rate, hyperparameter, is_concrete, rate
+from .._fields import (
+    FINITE,
+    FINITE_NONNEGATIVE,
+    NONNEGATIVE,
+    POSITIVE,
+    Rate,
+    as_rate,
+    hyperparameter,
+    is_concrete,
+    rate,
+)
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
 from ._exact import Derived, derive, divide, is_traced, power
 
@@ -119,7 +129,9 @@ def linear_schedule(
     return PolynomialSchedule(init_value, end_value, 1, transition_steps, transition_begin)
 
 
-def warmup_constant_schedule(init_value: ArrayLike, peak_value: ArrayLike, warmup_steps: ArrayLike) -> PolynomialSchedule:
+def warmup_constant_schedule(
+    init_value: ArrayLike, peak_value: ArrayLike, warmup_steps: ArrayLike
+) -> PolynomialSchedule:
     """Linear warmup from `init_value` to `peak_value` over `warmup_steps`, then `peak_value`.
 
     It is `linear_schedule(init_value, peak_value, warmup_steps)`.
@@ -213,7 +225,11 @@ class JoinSchedules(AbstractSchedule):
         # Each schedule runs from its boundary to the step before the next one: its own probes
         # there, and both ends of that window.
         starts = (0, *np.asarray(self.boundaries).tolist())
-        counts = {start + count for start, schedule in zip(starts, self.schedules) for count in schedule.probe_counts()}
+        counts = {
+            start + count
+            for start, schedule in zip(starts, self.schedules)
+            for count in schedule.probe_counts()
+        }
         return tuple(sorted(counts | set(starts) | {start - 1 for start in starts[1:] if start > 0}))
 
 
@@ -253,7 +269,12 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
         end_value: ArrayLike = 0.0,
         exponent: ArrayLike = 1.0,
     ):
-        self.init_value, self.peak_value, self.end_value, self.exponent = init_value, peak_value, end_value, exponent
+        self.init_value, self.peak_value, self.end_value, self.exponent = (
+            init_value,
+            peak_value,
+            end_value,
+            exponent,
+        )
         self.warmup_steps, self.decay_steps = warmup_steps, decay_steps
         self.warmup_span = derive(operator.sub, init_value, peak_value)
         self.alpha = derive(end_fraction, end_value, peak_value, convert=as_rate)
@@ -268,9 +289,13 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
 
     def as_join(self) -> JoinSchedules:
         """The same schedule written as a join of its two phases."""
-        warmup = with_span(linear_schedule(self.init_value, self.peak_value, self.warmup_steps), self.warmup_span)
+        warmup = with_span(
+            linear_schedule(self.init_value, self.peak_value, self.warmup_steps), self.warmup_span
+        )
         alpha = self.alpha.get(_end_rate, self.end_value, self.peak_value)
-        decay = CosineDecaySchedule(self.peak_value, self.decay_steps - self.warmup_steps, alpha, self.exponent)
+        decay = CosineDecaySchedule(
+            self.peak_value, self.decay_steps - self.warmup_steps, alpha, self.exponent
+        )
         return JoinSchedules((warmup, decay), (self.warmup_steps,))
 
     def __call__(self, count):

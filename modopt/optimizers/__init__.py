@@ -38,10 +38,12 @@ from ._layerwise import Fromage as Fromage
 from ._layerwise import Lamb as Lamb
 from ._layerwise import Lars as Lars
 from ._layerwise import SignSgd as SignSgd
+from ._layerwise import Signum as Signum
 from ._layerwise import fromage as fromage
 from ._layerwise import lamb as lamb
 from ._layerwise import lars as lars
 from ._layerwise import sign_sgd as sign_sgd
+from ._layerwise import signum as signum
 from ._lbfgs import Lbfgs as Lbfgs
 from ._lbfgs import lbfgs as lbfgs
 from ._sgd import Sgd as Sgd

@@ -1,4 +1,4 @@
-"""Layer-wise adaptive optimizers (LARS, LAMB, Fromage) and signSGD."""
+"""Layer-wise adaptive optimizers (LARS, LAMB, Fromage), signSGD and Signum."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractComposite
-from .._fields import NONNEGATIVE, hyperparameter, static
+from .._fields import NONNEGATIVE, UNIT, hyperparameter, static
 from ..combinators import Chain, Masked
 from ..schedules._base import MappedSchedule, ScalarOrSchedule, is_schedule
 from ..transforms import (
     AddDecayedWeights,
+    Ema,
     ScaleByAdam,
     ScaleByLearningRate,
     ScaleBySign,
@@ -184,7 +185,40 @@ class SignSgd(AbstractComposite):
         return Chain(ScaleBySign(), ScaleByLearningRate(self.learning_rate))
 
 
+class Signum(AbstractComposite):
+    r"""Signum: steps along the sign of a moving average of the gradients (signSGD with momentum).
+
+        m = beta * m + (1 - beta) * g
+        params -= learning_rate * sign(m)
+
+    The average is not debiased: only its sign is used.
+
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        beta: the decay rate of the moving average, in [0, 1].
+        accumulator_dtype: the dtype of the moving average; `None` for the gradients' dtype (static).
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.signum(1e-3), model)
+
+    References: Bernstein et al., 2018, https://arxiv.org/abs/1802.04434;
+    Zhao et al., 2024, https://arxiv.org/abs/2407.07972
+    """
+
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
+    beta: Any = fields.decay_rate(0.9, check=UNIT)
+    accumulator_dtype: Any = fields.dtype()
+
+    def build(self):
+        return Chain(
+            Ema(self.beta, debias=False, accumulator_dtype=self.accumulator_dtype),
+            ScaleBySign(),
+            ScaleByLearningRate(self.learning_rate),
+        )
+
+
 lars = Lars
 lamb = Lamb
 fromage = Fromage
 sign_sgd = SignSgd
+signum = Signum

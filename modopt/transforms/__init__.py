@@ -43,6 +43,9 @@ from ._constraints import ZeroNans as ZeroNans
 from ._constraints import ZeroNansState as ZeroNansState
 from ._constraints import keep_params_nonnegative as keep_params_nonnegative
 from ._constraints import zero_nans as zero_nans
+from ._distance_over_gradients import ScaleByDistanceOverGradients as ScaleByDistanceOverGradients
+from ._distance_over_gradients import ScaleByDistanceOverGradientsState as ScaleByDistanceOverGradientsState
+from ._distance_over_gradients import scale_by_distance_over_gradients as scale_by_distance_over_gradients
 from ._factored import FactoredState as FactoredState
 from ._factored import ScaleByFactoredRms as ScaleByFactoredRms
 from ._factored import scale_by_factored_rms as scale_by_factored_rms

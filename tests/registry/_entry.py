@@ -31,7 +31,9 @@ class Entry:
     """How to build a transform, its oracle, and what it supports.
 
     make: builds the modopt transform from hyperparameter overrides (`make(**change)`).
-    oracle: builds the reference optax transform with the same configuration.
+    oracle: builds the reference optax transform with the same configuration; None where optax
+        lacks the algorithm: then `reference` names the test file that compares the transform
+        step by step with an independent reference (a PyPI package or NumPy from the paper).
     change: a hyperparameter name and new value that must not retrace (None: it has none).
     descent: True if the transform is a complete optimizer (it descends by itself); else the
         convergence check appends `scale(-descent_lr)`.
@@ -46,7 +48,7 @@ class Entry:
 
     name: str
     make: Callable[..., Any]
-    oracle: Callable[[], Any]
+    oracle: Callable[[], Any] | None
     change: tuple[str, Any] | None = None
     descent: bool = False
     descent_lr: float = 0.1
@@ -55,6 +57,11 @@ class Entry:
     tolerance: float = 1e-6
     extra_args: Callable[[Any, Any], dict] | None = None
     own_rule: bool = False
+    reference: str | None = None
+
+    def __post_init__(self):
+        if self.oracle is None and self.reference is None:
+            raise ValueError(f"{self.name}: an entry without an optax oracle names its reference test file")
 
     def __str__(self):
         return self.name

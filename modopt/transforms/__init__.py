@@ -37,6 +37,8 @@ from ._clipping import clip_by_block_rms as clip_by_block_rms
 from ._clipping import clip_by_global_norm as clip_by_global_norm
 from ._clipping import per_example_global_norm_clip as per_example_global_norm_clip
 from ._clipping import per_example_layer_norm_clip as per_example_layer_norm_clip
+from ._clipping import unitwise_clip as unitwise_clip
+from ._clipping import unitwise_norm as unitwise_norm
 from ._constraints import KeepParamsNonnegative as KeepParamsNonnegative
 from ._constraints import NonNegativeParamsState as NonNegativeParamsState
 from ._constraints import ZeroNans as ZeroNans

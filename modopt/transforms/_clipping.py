@@ -117,11 +117,8 @@ class AdaptiveGradClip(AbstractTransform):
             _unit_axes(jnp.shape(p), self.axis, jax.tree_util.keystr(path))
 
         def clip_units(g, p):
-            g_norm, p_norm = _unit_norm(g, self.axis), _unit_norm(p, self.axis)
-            max_norm = self.clipping * jnp.maximum(p_norm, self.eps)
-            # The floor on G only guards against a division by zero.
-            clipped = g * (max_norm / jnp.maximum(g_norm, 1e-6))
-            return jnp.where(g_norm < max_norm, g, clipped)
+            g_norm, p_norm = unitwise_norm(g, self.axis), unitwise_norm(p, self.axis)
+            return unitwise_clip(g_norm, self.clipping * jnp.maximum(p_norm, self.eps), g)
 
         return map_updates(clip_units, updates, params), state
 
@@ -147,10 +144,61 @@ def _unit_axes(shape: tuple[int, ...], axis: Any, where: str = "") -> Any:
     return defaults[len(shape)]
 
 
-def _unit_norm(x: jax.Array, axis: Any) -> jax.Array:
-    """The L2 norm of each unit of `x`, broadcast back to the shape of `x`."""
-    squares = jnp.sum(abs_sq(x), axis=_unit_axes(jnp.shape(x), axis), keepdims=True)
+def unitwise_norm(x: Any, axis: int | tuple[int, ...] | None = None) -> jax.Array:
+    """The L2 norm of each unit of `x`, broadcast back to the shape of `x`.
+
+    A unit is a slice of `x`: its norm is taken over `axis`. With `axis=None` the axes follow
+    common layouts, as in `adaptive_grad_clip`: all of `x` for scalars and vectors (arrays with
+    at most one axis longer than 1), axis 0 for rank 2 and 3 (dense and multi-head kernels,
+    inputs first), axes (0, 1, 2) for rank 4 (HWIO convolutions) and (0, 1, 2, 3) for rank 5;
+    other ranks need `axis`.
+
+    Args:
+        x: the array whose units are measured.
+        axis: the axis or axes each unit's norm is taken over, or `None` for the defaults by rank.
+
+    Returns:
+        An array of the shape of `x` holding, at each element, the norm of its unit.
+
+    Example:
+        >>> modopt.unitwise_norm(jnp.array([[3.0, 1.0], [4.0, 0.0]]))
+        Array([[5., 1.],
+               [5., 1.]], dtype=float32)
+    """
+    x = jnp.asarray(x)
+    squares = jnp.sum(abs_sq(x), axis=_unit_axes(jnp.shape(x), _as_axis(axis)), keepdims=True)
     return jnp.broadcast_to(jnp.sqrt(squares), jnp.shape(x))
+
+
+def unitwise_clip(g_norm: Any, max_norm: Any, grad: Any, div_eps: Any = 1e-6) -> jax.Array:
+    """Rescales each unit of `grad` whose norm `g_norm` is at least `max_norm` to that norm.
+
+    `grad * max_norm / max(g_norm, div_eps)` where `g_norm >= max_norm`, `grad` elsewhere. The
+    three arrays have the same shape: the norms are given element by element, as
+    `unitwise_norm` returns them. `div_eps` only guards the division against a zero norm.
+
+    Args:
+        g_norm: the norm of each element's unit of `grad`.
+        max_norm: the largest norm each element's unit keeps.
+        grad: the array to clip.
+        div_eps: the floor of `g_norm` in the division.
+
+    Returns:
+        The clipped array, of the shape of `grad`.
+
+    Example:
+        >>> g = jnp.array([3.0, 4.0])
+        >>> modopt.unitwise_clip(modopt.unitwise_norm(g), jnp.full(2, 1.0), g)
+        Array([0.6, 0.8], dtype=float32)
+    """
+    for name, value in (("max_norm", max_norm), ("grad", grad)):
+        if jnp.shape(value) != jnp.shape(g_norm):
+            raise ValueError(
+                f"unitwise_clip: {name} has shape {jnp.shape(value)}, g_norm has shape {jnp.shape(g_norm)}; "
+                "the three arrays must have the same shape (the norms broadcast as unitwise_norm returns them)."
+            )
+    clipped = grad * (max_norm / jnp.maximum(g_norm, div_eps))
+    return jnp.where(g_norm < max_norm, grad, clipped)
 
 
 def per_example_global_norm_clip(grads: Updates, l2_norm_clip: Any) -> tuple[Any, jax.Array]:

@@ -69,6 +69,7 @@ from ._numerics import safe_increment as safe_increment
 from ._numerics import safe_int32_increment as safe_int32_increment
 from ._numerics import safe_norm as safe_norm
 from ._numerics import safe_root_mean_squares as safe_root_mean_squares
+from ._masks import MaskOrFn as MaskOrFn
 from ._masks import WeightDecayMask as WeightDecayMask
 from ._masks import weight_decay_mask as weight_decay_mask
 from ._optimizer import Optimizer as Optimizer

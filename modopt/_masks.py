@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Iterable, Mapping, Optional, Union
 
 import equinox as eqx
 import jax
 
 _NORMS = (eqx.nn.LayerNorm, eqx.nn.RMSNorm, eqx.nn.GroupNorm, eqx.nn.BatchNorm)
+
+# Built as optax 0.2.8 builds its aliases, of the same members, so that they compare equal to
+# optax's (`typing.Union` compares its members).
+ArrayTree = Union[jax.typing.ArrayLike, Iterable["ArrayTree"], Mapping[Any, "ArrayTree"]]
+MaskOrFn = Optional[Union[Any, Callable[[ArrayTree], Any]]]
+"""The type of a `mask` argument: a pytree of bools shaped like (a prefix of) the params, a
+function of the params returning one, or `None` for no mask."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,7 @@ from ._monitor import measure_with_ema as measure_with_ema
 from ._monitor import monitor as monitor
 from ._monitor import snapshot as snapshot
 from ._partition import Partition as Partition
+from ._partition import MultiTransformState as MultiTransformState
 from ._partition import PartitionState as PartitionState
 from ._partition import multi_transform as multi_transform
 from ._partition import partition as partition

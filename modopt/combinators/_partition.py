@@ -19,6 +19,10 @@ class PartitionState(NamedTuple):
     inner_states: Mapping[Hashable, Any]
 
 
+MultiTransformState = PartitionState
+"""`PartitionState` under the name optax kept for `multi_transform`'s state."""
+
+
 def _as_transform_dict(transforms: Mapping[Hashable, Any]) -> dict[Hashable, AbstractTransform]:
     return {label: as_transform(tx, f"partition transform {label!r}") for label, tx in transforms.items()}
 

@@ -8,7 +8,7 @@ from .. import fields
 from .._base import AbstractComposite
 from .._fields import static
 from ..combinators import Chain
-from ..schedules._base import ScalarOrSchedule
+from ..schedules._base import ScalarOrSchedule, schedule_annotations
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 
 
@@ -98,8 +98,9 @@ adam = Adam
 adamw = AdamW
 
 
+@schedule_annotations
 def nadam(
-    learning_rate: Any,
+    learning_rate: ScalarOrSchedule,
     b1: Any = 0.9,
     b2: Any = 0.999,
     eps: Any = 1e-8,
@@ -131,14 +132,15 @@ def nadam(
     return Adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=True)
 
 
+@schedule_annotations
 def nadamw(
-    learning_rate: Any,
+    learning_rate: ScalarOrSchedule,
     b1: Any = 0.9,
     b2: Any = 0.999,
     eps: Any = 1e-8,
     eps_root: Any = 0.0,
     mu_dtype: Any = None,
-    weight_decay: Any = 1e-4,
+    weight_decay: ScalarOrSchedule = 1e-4,
     mask: Any = None,
 ) -> AdamW:
     r"""NAdamW: AdamW with Nesterov momentum, i.e. `AdamW(..., nesterov=True)`.

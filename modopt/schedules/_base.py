@@ -23,9 +23,12 @@ from .._fields import (
     validate_hyperparameters,
 )
 
-Schedule = Callable[[Any], Any]
+# The two aliases are built as optax 0.2.8 builds its own, of the same members, so that they
+# compare equal to optax's (`typing.Union` compares its members): code that checks an
+# annotation against `optax.ScalarOrSchedule` finds modopt's learning rates annotated alike.
+Schedule = Callable[[jax.typing.ArrayLike], jax.typing.ArrayLike]
 """A function of the step count, `schedule(count) -> value`: an `AbstractSchedule` or any callable."""
-ScalarOrSchedule = Union[jax.typing.ArrayLike, Schedule]
+ScalarOrSchedule = Union[float, jax.Array, Schedule]
 """A hyperparameter given as a number (a Python or NumPy scalar, a 0-d array) or a `Schedule`."""
 
 
@@ -154,8 +157,27 @@ def scalar_or_schedule(
     return hyperparameter(default, check=check, kind=kind, converter=_scalar_or_schedule, **kwargs)
 
 
-def _scalar_or_schedule(value: ScalarOrSchedule) -> Any:  # its annotation is the __init__ parameter's
+def _scalar_or_schedule(value: ScalarOrSchedule) -> Any:
     return as_schedule(as_hyperparameter(value))
+
+
+# Equinox gives each field's `__init__` parameter its converter's annotation: the alias itself,
+# not the string `from __future__ import annotations` would leave (see `ScalarOrSchedule`).
+_scalar_or_schedule.__annotations__["value"] = ScalarOrSchedule
+
+
+def schedule_annotations(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with its string annotations `"ScalarOrSchedule"` and `"Schedule"` (as `from __future__
+    import annotations` leaves them) replaced by the aliases, for `inspect.signature` readers.
+
+    Args:
+        fn: a function whose parameters are annotated with the aliases.
+    """
+    aliases = {"ScalarOrSchedule": ScalarOrSchedule, "Schedule": Schedule}
+    for name, annotation in fn.__annotations__.items():
+        if isinstance(annotation, str) and annotation in aliases:
+            fn.__annotations__[name] = aliases[annotation]
+    return fn
 
 
 def value_at(value: Any, count: jax.Array) -> Any:

@@ -285,8 +285,9 @@ def as_key(value: Any) -> jax.Array:
             return value
         if jnp.issubdtype(value.dtype, jnp.unsignedinteger):
             return jax.random.wrap_key_data(jnp.asarray(value, jnp.uint32))
-        if value.ndim == 0 and jnp.issubdtype(value.dtype, jnp.integer) and not isinstance(value, jax.core.Tracer):
-            return jax.random.key(int(value))
+        if value.ndim == 0 and jnp.issubdtype(value.dtype, jnp.integer):
+            # A traced seed too (optax's `inject_hyperparams(noisy_sgd)(key=0)` holds it in the state).
+            return jax.random.key(value)
     raise TypeError(
         f"Expected a PRNG key (`jax.random.key(seed)`) or an integer seed, got {type(value).__name__} "
         f"{getattr(value, 'dtype', '')}."

@@ -13,7 +13,8 @@ exercises optax's private helpers (`_muon.orthogonalize_via_newton_schulz`), it 
 optax's code: such tests say nothing of modopt and pass or fail as they do for optax.
 
 `tests/test_optax_suite.py` runs the chosen files in a subprocess with this plugin, and lists
-the tests modopt departs from on purpose (`DEPARTURES`), each with its reason.
+the tests modopt departs from on purpose (`DEPARTURES`), each with its reason; it passes them
+as `--departure=<node id>`, which deselects that test and its parametrizations only.
 """
 
 from __future__ import annotations
@@ -130,6 +131,39 @@ def swap() -> int:
 
 
 _COUNT = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--departure",
+        action="append",
+        default=[],
+        help="deselect the test with this node id (relative to the rootdir) and its parametrizations "
+        "(the id followed by digits, as absl's parameterized names them, or by '[')",
+    )
+
+
+def departs(node_id: str, departure: str) -> bool:
+    """Whether `node_id` is the test `departure` names, or one of its parametrizations.
+
+    Not a plain prefix: `test_extra_args` must not take `test_extra_args_chaining` along.
+    """
+    if not node_id.startswith(departure):
+        return False
+    rest = node_id[len(departure) :]
+    return rest == "" or rest.isdigit() or rest.startswith("[")
+
+
+def pytest_collection_modifyitems(config, items):
+    departures = config.getoption("departure")
+    if not departures:
+        return
+    kept, dropped = [], []
+    for item in items:
+        (dropped if any(departs(item.nodeid, d) for d in departures) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_configure(config):

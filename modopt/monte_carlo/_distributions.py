@@ -27,15 +27,18 @@ class MultiNormalDiagFromLogScale(eqx.Module):
 
     It is parametrized by the log of its standard deviation, so an unconstrained parameter
     stays a valid distribution, and it exposes those parameters (`params == [loc, log_scale]`)
-    as the estimators of `modopt.monte_carlo` expect. `loc` and `log_scale` have the same
-    shape, the event shape: a sample has that shape and `log_prob` sums over it.
+    as the estimators of `modopt.monte_carlo` expect. `loc` and `log_scale` broadcast together
+    (as in optax: a scalar `log_scale` gives every coordinate the same scale) to the event
+    shape: a sample has that shape and `log_prob` sums over it. The estimators take `loc` and
+    `log_scale` of the same shape.
 
     Sampling is reparametrized: `sample(shape, seed)` is `loc + exp(log_scale) * eps` with
     `eps` standard normal, differentiable in `loc` and `log_scale` for a fixed key.
 
     Args:
         loc: the mean, a floating array.
-        log_scale: the log of the standard deviation of every coordinate, of `loc`'s shape.
+        log_scale: the log of the standard deviation of every coordinate, of a shape that
+            broadcasts with `loc`'s.
 
     Example:
         >>> dist = mc.multi_normal(jnp.zeros(3), jnp.zeros(3))
@@ -49,12 +52,14 @@ class MultiNormalDiagFromLogScale(eqx.Module):
     log_scale: jax.Array = eqx.field(converter=_floating_array)
 
     def __check_init__(self):
-        if self.loc.shape != self.log_scale.shape:
+        try:
+            jnp.broadcast_shapes(self.loc.shape, self.log_scale.shape)
+        except ValueError:
             raise ValueError(
-                f"Invalid log_scale: its shape {self.log_scale.shape} differs from the shape "
-                f"{self.loc.shape} of loc in MultiNormalDiagFromLogScale. multi_normal(loc, log_scale) "
-                "takes one log scale per coordinate: use e.g. jnp.full_like(loc, log_scale)."
-            )
+                f"Incompatible shapes for broadcasting: log_scale of shape {self.log_scale.shape} and loc "
+                f"of shape {self.loc.shape} in MultiNormalDiagFromLogScale. multi_normal(loc, log_scale) "
+                "takes a log scale per coordinate, or one that broadcasts to loc's shape."
+            ) from None
 
     @property
     def params(self) -> list[jax.Array]:
@@ -68,7 +73,8 @@ class MultiNormalDiagFromLogScale(eqx.Module):
 
     @property
     def event_shape(self) -> tuple[int, ...]:
-        return self.loc.shape
+        """The shape of one sample: `loc`'s and `log_scale`'s shapes broadcast together."""
+        return jnp.broadcast_shapes(self.loc.shape, self.log_scale.shape)
 
     def sample(self, sample_shape: Sequence[int] = (), seed: Any = None) -> jax.Array:
         """Draws samples of shape `(*sample_shape, *event_shape)`.
@@ -86,7 +92,8 @@ class MultiNormalDiagFromLogScale(eqx.Module):
         x = jnp.asarray(x)
         standardized = (x - self.loc) * jnp.exp(-self.log_scale)
         per_coordinate = -0.5 * jnp.square(standardized) - self.log_scale - _HALF_LOG_2PI
-        event_axes = tuple(range(x.ndim - len(self.event_shape), x.ndim))
+        ndim = per_coordinate.ndim
+        event_axes = tuple(range(ndim - len(self.event_shape), ndim))
         return jnp.sum(per_coordinate, axis=event_axes)
 
 

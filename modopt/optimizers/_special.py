@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar
 
 import jax
@@ -169,6 +170,9 @@ class OptimisticAdam(AbstractComposite):
     `optimism=None` uses `learning_rate`, as in the paper. The learning rate is a number
     here; `optimistic_adam_v2` takes schedules.
 
+    Deprecated, as in optax 0.2.8: construction emits a `DeprecationWarning` pointing to
+    `optimistic_adam_v2`, which computes the same steps with a separate learning rate.
+
     Args:
         learning_rate: the step size of Adam's direction, a number >= 0 (not a schedule: use
             `optimistic_adam_v2` for one).
@@ -206,6 +210,12 @@ class OptimisticAdam(AbstractComposite):
                 "optimistic_adam takes a number as learning_rate (it is also the default optimism); "
                 "for a schedule use optimistic_adam_v2(learning_rate=schedule, alpha=..., beta=...)."
             )
+        warnings.warn(
+            "`optimistic_adam` is deprecated (as in optax): use `optimistic_adam_v2` instead, "
+            "`optimistic_adam_v2(1.0, alpha=learning_rate, beta=optimism)` takes the same steps.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
 
     def build(self):
         optimism = self.learning_rate if self.optimism is None else self.optimism

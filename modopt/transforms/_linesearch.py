@@ -103,7 +103,7 @@ def read_loss(extra_args: dict[str, Any], owner: Any, params: Any) -> tuple[Any,
         unused = sorted(set(rest) - set(taken))
         if unused:
             raise TypeError(
-                f"{type(owner).__name__}.update got the extra argument{'s' if len(unused) > 1 else ''} "
+                f"Unexpected keyword arguments for {type(owner).__name__}.update: "
                 f"{', '.join(f'`{k}`' for k in unused)}, which `value_fn` does not take. Extra arguments "
                 "other than `value`, `grad` and `value_fn` are passed to `value_fn` by keyword."
             )

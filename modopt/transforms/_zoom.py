@@ -332,8 +332,11 @@ class ScaleByZoomLinesearch(AbstractTransform):
             1,
             jnp.where(jnp.isinf(found.decrease_error), 2, jnp.where(found.decrease_error > 0, 3, 4)),
         )
+        # Also when the search stopped at `max_learning_rate` with the loss still going down: it
+        # took that step without meeting the curvature condition.
+        unmet = found.failed | (jnp.maximum(found.decrease_error, found.curvature_error) > self.tol)
         jax.lax.cond(
-            found.failed,
+            unmet,
             lambda: jax.debug.print(
                 message
                 + "Hint {hint}: 1 = the updates are not a descent direction, 2 = the loss is not finite "

@@ -10,9 +10,10 @@ See `_entry.Entry`. Two oracles need a word:
   `prev_updates`), so its first step is 0 and every later one lags by a step (optax PR
   #1725). modopt emits the step it has just computed, as the paper and `torch.optim.Rprop`
   do: the oracle is optax's own state math, emitting the new `prev_updates` (`_fresh_rprop`).
-- optax warns when `add_noise`/`noisy_sgd` get `seed=` or no key, and on `optimistic_adam`
-  (deprecated in favour of `optimistic_adam_v2`); modopt accepts all of these silently. The
-  oracles pass the key explicitly and silence optax's deprecation.
+- optax warns when `add_noise`/`noisy_sgd` get `seed=` or no key; modopt accepts these
+  silently. Both warn that `optimistic_adam` is deprecated in favour of `optimistic_adam_v2`
+  (checked in test_optax_triage.py). The oracles pass the key explicitly, and both sides of
+  the `optimistic_adam` entries silence the deprecation.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _fresh_rprop(*args, **kwargs):
 
 
 def _quiet(make):
-    """Builds an optax transform that warns about a deprecation modopt does not have."""
+    """Builds a transform whose construction warns about a deprecation, silencing the warning."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return make()
@@ -184,14 +185,14 @@ ENTRIES = [
     ),
     Entry(
         "optimistic_adam",
-        lambda: modopt.optimistic_adam(0.05, optimism=0.02),
+        lambda: _quiet(lambda: modopt.optimistic_adam(0.05, optimism=0.02)),
         lambda: _quiet(lambda: optax.optimistic_adam(0.05, optimism=0.02)),
         ("optimism", 0.01),
         descent=True,
     ),
     Entry(
         "optimistic_adam_default_optimism_no_nesterov",
-        lambda: modopt.optimistic_adam(0.05, b1=0.8, mu_dtype=jnp.float32, nesterov=False),
+        lambda: _quiet(lambda: modopt.optimistic_adam(0.05, b1=0.8, mu_dtype=jnp.float32, nesterov=False)),
         lambda: _quiet(lambda: optax.optimistic_adam(0.05, b1=0.8, mu_dtype=jnp.float32, nesterov=False)),
         ("learning_rate", 0.02),
         descent=True,

@@ -48,6 +48,8 @@ from ._lbfgs import Lbfgs as Lbfgs
 from ._lbfgs import lbfgs as lbfgs
 from ._sgd import Sgd as Sgd
 from ._sgd import sgd as sgd
+from ._soap import Soap as Soap
+from ._soap import soap as soap
 from ._special import NoisySgd as NoisySgd
 from ._special import OptimisticAdam as OptimisticAdam
 from ._special import OptimisticAdamV2 as OptimisticAdamV2

@@ -113,6 +113,9 @@ from ._scale import scale_by_learning_rate as scale_by_learning_rate
 from ._scale import scale_by_param_block_norm as scale_by_param_block_norm
 from ._scale import scale_by_param_block_rms as scale_by_param_block_rms
 from ._scale import scale_by_schedule as scale_by_schedule
+from ._soap import ScaleBySoap as ScaleBySoap
+from ._soap import ScaleBySoapState as ScaleBySoapState
+from ._soap import scale_by_soap as scale_by_soap
 from ._sm3 import ScaleBySM3 as ScaleBySM3
 from ._sm3 import ScaleBySM3State as ScaleBySM3State
 from ._sm3 import scale_by_sm3 as scale_by_sm3

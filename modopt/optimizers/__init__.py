@@ -44,6 +44,8 @@ from ._layerwise import lamb as lamb
 from ._layerwise import lars as lars
 from ._layerwise import sign_sgd as sign_sgd
 from ._layerwise import signum as signum
+from ._kron import Kron as Kron
+from ._kron import kron as kron
 from ._lbfgs import Lbfgs as Lbfgs
 from ._lbfgs import lbfgs as lbfgs
 from ._sgd import Sgd as Sgd

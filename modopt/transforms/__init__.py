@@ -60,6 +60,11 @@ from ._layerwise import centralize as centralize
 from ._layerwise import normalize_by_update_norm as normalize_by_update_norm
 from ._layerwise import scale_by_sign as scale_by_sign
 from ._layerwise import scale_by_trust_ratio as scale_by_trust_ratio
+from ._kron import PrecondUpdateProbSchedule as PrecondUpdateProbSchedule
+from ._kron import ScaleByKron as ScaleByKron
+from ._kron import ScaleByKronState as ScaleByKronState
+from ._kron import precond_update_prob_schedule as precond_update_prob_schedule
+from ._kron import scale_by_kron as scale_by_kron
 from ._lbfgs import ScaleByLBFGS as ScaleByLBFGS
 from ._lbfgs import ScaleByLBFGSState as ScaleByLBFGSState
 from ._lbfgs import scale_by_lbfgs as scale_by_lbfgs

@@ -326,6 +326,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, complex))
 
 
+def _is_key(value: Any) -> bool:
+    """A typed PRNG key array."""
+    return isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key)
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, str):
         return repr(value)
@@ -356,7 +361,7 @@ def validate_hyperparameters(module: eqx.Module) -> None:
         where = f"in {type(module).__name__}"
         if kind == "dict":
             for name, entry in value.items():
-                if not (callable(entry) or isinstance(entry, eqx.Module) or _is_number(entry)):
+                if not (callable(entry) or isinstance(entry, eqx.Module) or _is_number(entry) or _is_key(entry)):
                     raise ValueError(f"Invalid {name}: {_shown(entry)} (expected a number or a schedule) {where}.")
             continue
         if value is None:
@@ -425,9 +430,16 @@ def hyperparameter_names(module: eqx.Module) -> tuple[str, ...]:
 
 
 def canonical_dtype(dtype: Any) -> Any:
-    """A dtype-like turned into a hashable NumPy dtype (respecting x64 mode); `None` stays."""
+    """A dtype-like turned into a hashable NumPy dtype (respecting x64 mode); `None` stays.
+
+    An array stands for its dtype: optax's `inject_hyperparams` calls a scalar type given as an
+    argument (`mu_dtype=jnp.bfloat16`) as if it were a schedule, and passes the factory the
+    array it returns, traced under `jit`.
+    """
     if dtype is None:
         return None
+    if isinstance(dtype, (jax.Array, np.ndarray, np.generic)):
+        dtype = dtype.dtype
     return jax.dtypes.canonicalize_dtype(dtype)
 
 
@@ -485,15 +497,12 @@ def _python_value(leaf: Any, path: str) -> Any:
 def _is_function(value: Any) -> bool:
     """A callable to be called on the params, as opposed to a tree of values.
 
-    An Equinox module is callable, yet a mask is often shaped like the model: a module
-    whose leaves are all Python values (bools, strings, `None`) is taken as a tree.
+    As optax decides it: a function when every leaf of the value is callable (a function is
+    its own leaf). An Equinox module or any other callable pytree shaped like the model (its
+    leaves bools, strings, arrays) is a tree, not a function to call.
     """
-    if not callable(value):
-        return False
-    if not isinstance(value, eqx.Module):
-        return True
     leaves = jax.tree_util.tree_leaves(value)
-    return not all(isinstance(leaf, (bool, int, str, np.bool_, np.integer)) for leaf in leaves)
+    return bool(leaves) and all(callable(leaf) for leaf in leaves)
 
 
 def as_static_tree(value: Any) -> Any:

@@ -35,7 +35,10 @@ from ._freeze import freeze as freeze
 from ._freeze import selective_transform as selective_transform
 from ._inject import InjectHyperparams as InjectHyperparams
 from ._inject import InjectHyperparamsState as InjectHyperparamsState
+from ._inject import InjectStatefulHyperparams as InjectStatefulHyperparams
+from ._inject import InjectStatefulHyperparamsState as InjectStatefulHyperparamsState
 from ._inject import inject_hyperparams as inject_hyperparams
+from ._inject import inject_stateful_hyperparams as inject_stateful_hyperparams
 from ._lookahead import Lookahead as Lookahead
 from ._lookahead import LookaheadParams as LookaheadParams
 from ._lookahead import LookaheadState as LookaheadState

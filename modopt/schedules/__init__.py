@@ -31,3 +31,6 @@ from ._schedules import linear_schedule as linear_schedule
 from ._schedules import polynomial_schedule as polynomial_schedule
 from ._schedules import warmup_constant_schedule as warmup_constant_schedule
 from ._schedules import warmup_cosine_decay_schedule as warmup_cosine_decay_schedule
+from ._stateful import StatefulSchedule as StatefulSchedule
+from ._stateful import WrappedSchedule as WrappedSchedule
+from ._stateful import WrappedScheduleState as WrappedScheduleState

@@ -140,3 +140,49 @@ from ._zoom import ScaleByZoomLinesearch as ScaleByZoomLinesearch
 from ._zoom import ScaleByZoomLinesearchState as ScaleByZoomLinesearchState
 from ._zoom import ZoomLinesearchInfo as ZoomLinesearchInfo
 from ._zoom import scale_by_zoom_linesearch as scale_by_zoom_linesearch
+
+# optax.transforms also exports its combinators. modopt's live in modopt.combinators, which
+# imports this package, so they are looked up there when first asked for (no import cycle).
+_FROM_COMBINATORS = frozenset(
+    {
+        "ApplyIfFiniteState",
+        "ConditionFn",
+        "ConditionallyMaskState",
+        "ConditionallyTransformState",
+        "MaskedNode",
+        "MaskedState",
+        "MonitorState",
+        "MultiSteps",
+        "MultiStepsState",
+        "PartitionState",
+        "ShouldSkipUpdateFunction",
+        "SnapshotState",
+        "apply_if_finite",
+        "chain",
+        "conditionally_mask",
+        "conditionally_transform",
+        "flatten",
+        "freeze",
+        "masked",
+        "measure_with_ema",
+        "monitor",
+        "named_chain",
+        "partition",
+        "selective_transform",
+        "skip_large_updates",
+        "skip_not_finite",
+        "snapshot",
+    }
+)
+
+
+def __getattr__(name: str):
+    if name in _FROM_COMBINATORS:
+        from .. import combinators
+
+        return getattr(combinators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _FROM_COMBINATORS)

@@ -8,6 +8,9 @@ from ._accumulate import ShouldSkipUpdateFunction as ShouldSkipUpdateFunction
 from ._accumulate import apply_every as apply_every
 from ._accumulate import skip_large_updates as skip_large_updates
 from ._accumulate import skip_not_finite as skip_not_finite
+from ._cautious import Cautious as Cautious
+from ._cautious import CautiousState as CautiousState
+from ._cautious import cautious as cautious
 from ._chain import Chain as Chain
 from ._chain import NamedChain as NamedChain
 from ._chain import chain as chain

@@ -8,6 +8,8 @@ from ._adam import adam as adam
 from ._adam import adamw as adamw
 from ._adam import nadam as nadam
 from ._adam import nadamw as nadamw
+from ._adam_mini import AdamMini as AdamMini
+from ._adam_mini import adam_mini as adam_mini
 from ._adaptive import AdaBelief as AdaBelief
 from ._adaptive import Adadelta as Adadelta
 from ._adaptive import Adagrad as Adagrad
@@ -46,8 +48,12 @@ from ._layerwise import sign_sgd as sign_sgd
 from ._layerwise import signum as signum
 from ._kron import Kron as Kron
 from ._kron import kron as kron
+from ._laprop import Laprop as Laprop
+from ._laprop import laprop as laprop
 from ._lbfgs import Lbfgs as Lbfgs
 from ._lbfgs import lbfgs as lbfgs
+from ._mars import Mars as Mars
+from ._mars import mars as mars
 from ._sgd import Sgd as Sgd
 from ._sgd import sgd as sgd
 from ._soap import Soap as Soap

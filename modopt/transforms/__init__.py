@@ -14,6 +14,10 @@ from ._adam import ScaleByAmsgradState as ScaleByAmsgradState
 from ._adam import scale_by_adam as scale_by_adam
 from ._adam import scale_by_adamax as scale_by_adamax
 from ._adam import scale_by_amsgrad as scale_by_amsgrad
+from ._adam_mini import AdamMiniHeads as AdamMiniHeads
+from ._adam_mini import ScaleByAdamMini as ScaleByAdamMini
+from ._adam_mini import ScaleByAdamMiniState as ScaleByAdamMiniState
+from ._adam_mini import scale_by_adam_mini as scale_by_adam_mini
 from ._adam_variants import ScaleByAdan as ScaleByAdan
 from ._adam_variants import ScaleByAdanState as ScaleByAdanState
 from ._adam_variants import ScaleByBelief as ScaleByBelief
@@ -24,6 +28,8 @@ from ._adam_variants import scale_by_adan as scale_by_adan
 from ._adam_variants import scale_by_belief as scale_by_belief
 from ._adam_variants import scale_by_radam as scale_by_radam
 from ._adam_variants import scale_by_yogi as scale_by_yogi
+from ._cautious_weight_decay import AddCautiousDecayedWeights as AddCautiousDecayedWeights
+from ._cautious_weight_decay import add_cautious_decayed_weights as add_cautious_decayed_weights
 from ._clipping import AdaptiveGradClip as AdaptiveGradClip
 from ._clipping import AdaptiveGradClipState as AdaptiveGradClipState
 from ._clipping import Clip as Clip
@@ -65,6 +71,9 @@ from ._kron import ScaleByKron as ScaleByKron
 from ._kron import ScaleByKronState as ScaleByKronState
 from ._kron import precond_update_prob_schedule as precond_update_prob_schedule
 from ._kron import scale_by_kron as scale_by_kron
+from ._laprop import ScaleByLaprop as ScaleByLaprop
+from ._laprop import ScaleByLapropState as ScaleByLapropState
+from ._laprop import scale_by_laprop as scale_by_laprop
 from ._lbfgs import ScaleByLBFGS as ScaleByLBFGS
 from ._lbfgs import ScaleByLBFGSState as ScaleByLBFGSState
 from ._lbfgs import scale_by_lbfgs as scale_by_lbfgs
@@ -75,6 +84,9 @@ from ._linesearch import scale_by_backtracking_linesearch as scale_by_backtracki
 from ._lion import ScaleByLion as ScaleByLion
 from ._lion import ScaleByLionState as ScaleByLionState
 from ._lion import scale_by_lion as scale_by_lion
+from ._mars import ScaleByMars as ScaleByMars
+from ._mars import ScaleByMarsState as ScaleByMarsState
+from ._mars import scale_by_mars as scale_by_mars
 from ._noise import AddNoise as AddNoise
 from ._noise import AddNoiseState as AddNoiseState
 from ._noise import add_noise as add_noise

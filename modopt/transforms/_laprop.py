@@ -1,0 +1,77 @@
+"""LaProp: the momentum of gradients already normalized by their RMS (normalize, then average)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .. import fields
+from .._base import AbstractTransform
+from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._numerics import safe_increment
+from .._trees import cast, cast_like, zeros_like
+from ._adam import moment_ratio
+
+
+class ScaleByLapropState(NamedTuple):
+    """LaProp's step count, momentum of normalized gradients, and second moment."""
+
+    count: jax.Array  # int32 scalar
+    mu: Any  # EMA of g / (sqrt(nu_hat) + eps), like the params (in `mu_dtype` if set)
+    nu: Any  # EMA of |g|^2, like the params
+
+
+class ScaleByLaprop(AbstractTransform):
+    r"""Rescales updates to LaProp's momentum of RMS-normalized gradients.
+
+    With `t` the step (from 1): `v = b2 v + (1 - b2) |g|^2`, `v_hat = v / (1 - b2^t)`,
+    `m = b1 m + (1 - b1) g / (sqrt(v_hat) + eps)` and `update = m / (1 - b1^t)`. Adam averages
+    the gradients and then divides by the RMS; LaProp divides each gradient by the RMS and then
+    averages, which decouples the momentum from the adaptivity: `b1` and `b2` may be chosen
+    freely (no `b1 <= sqrt(b2)` condition) and a step is bounded by `1 / (1 - b1)`.
+
+    Checked against `pytorch_optimizer.LaProp` (4.1.0) and heavyball's `LaProp` (3.2.1) in
+    `tests/test_beyond_adam.py`. Departures: the learning rate is applied outside the momentum (as
+    in the paper's Algorithm 1 and every optax optimizer; both references fold the learning rate of
+    each step into `m`, which differs only while the rate changes); `eps` is added to the
+    bias-corrected RMS as in the paper (pytorch_optimizer adds it before the bias correction,
+    heavyball takes `max(rms, eps)`), a difference of order `eps`.
+
+    Args:
+        b1: the decay rate of the momentum of normalized gradients, in [0, 1).
+        b2: the decay rate of the second moment (the EMA of squared gradients), in [0, 1).
+        eps: added to the bias-corrected RMS `sqrt(v_hat)` before dividing, >= 0.
+        mu_dtype: the dtype of the momentum (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+
+    Example:
+        >>> tx = modopt.chain(modopt.scale_by_laprop(), modopt.scale_by_learning_rate(4e-4))
+
+    Reference: Ziyin, Wang & Ueda, 2020, "LaProp: Separating Momentum and Adaptivity in Adam",
+    https://arxiv.org/abs/2002.04839
+    """
+
+    elementwise_updates = True
+
+    b1: Any = fields.decay_rate(0.9)
+    b2: Any = fields.decay_rate(0.999)
+    eps: Any = fields.eps(1e-15)
+    mu_dtype: Any = fields.dtype()
+
+    def init(self, params):
+        return ScaleByLapropState(
+            count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=zeros_like(params)
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        count = safe_increment(state.count)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
+        normalized = moment_ratio(updates, bias_correction(nu, self.b2, count), self.eps)
+        mu = update_moment(normalized, state.mu, self.b1, 1)
+        new_updates = cast_like(bias_correction(mu, self.b1, count), updates)
+        return new_updates, ScaleByLapropState(count, cast(mu, self.mu_dtype), cast_like(nu, state.nu))
+
+
+scale_by_laprop = ScaleByLaprop

@@ -1,0 +1,108 @@
+"""MARS: Adam on variance-reduced gradients (a scaled difference of successive gradients added)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from .. import fields
+from .._base import AbstractTransform
+from .._fields import NONNEGATIVE, POSITIVE, hyperparameter
+from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._numerics import safe_increment
+from .._trees import abs_sq, cast, cast_like, map_updates, zeros_like
+from ._adam import moment_ratio
+
+
+class ScaleByMarsState(NamedTuple):
+    """MARS's step count, moments of the corrected gradients, and the previous gradient."""
+
+    count: jax.Array  # int32 scalar
+    mu: Any  # EMA of the corrected gradients c, like the params (in `mu_dtype` if set)
+    nu: Any  # EMA of |c|^2, like the params
+    last_grad: Any  # the gradient of the previous step (zeros before the first), like the params
+
+
+def corrected_gradient(g: jax.Array, last: jax.Array, scale: Any, max_norm: Any) -> jax.Array:
+    """MARS's `c = g + scale * (g - last)`, divided by `||c|| / max_norm` where `||c|| > max_norm`
+    (the norm of this one array); `max_norm=None` keeps `c` unclipped."""
+    c = g + scale * (g - last)
+    if max_norm is None:
+        return c
+    norm = jnp.sqrt(jnp.sum(abs_sq(c)))
+    return jnp.where(norm > max_norm, c / norm * max_norm, c)
+
+
+class ScaleByMars(AbstractTransform):
+    r"""Rescales updates by Adam's moments of MARS's variance-reduced gradients (MARS-AdamW).
+
+    With `t` the step (from 1) and `g_0 = 0`:
+
+        c = g_t + gamma * b1 / (1 - b1) * (g_t - g_{t-1})
+        c = c * max_norm / ||c||          where ||c|| > max_norm (per parameter)
+        m = b1 m + (1 - b1) c,   v = b2 v + (1 - b2) |c|^2
+        update = m_hat / (sqrt(v_hat) + eps),   m_hat = m / (1 - b1^t),  v_hat = v / (1 - b2^t)
+
+    This is MARS-approx: the correction uses the previous step's gradient (one gradient per
+    step), as the paper's experiments and code do. `gamma = 0` gives Adam on gradients clipped
+    to `max_norm` per parameter. The state keeps the previous gradient: one more copy of the
+    parameters than Adam.
+
+    Checked against `pytorch_optimizer.MARS` (4.1.0, `mars_type="adamw"`) in
+    `tests/test_beyond_adam.py`. The norm of `c` is clipped per parameter array, as the paper's
+    code does (its Algorithm 1 writes the norm of the whole vector). `eps` is added to
+    `sqrt(v_hat)` as in the paper's code; pytorch_optimizer adds it (with a further `1e-15` inside
+    the root) before the bias correction, a difference of order `eps`.
+
+    Args:
+        b1: the decay rate of the first moment, in [0, 1); it also sets the correction's weight
+            `gamma * b1 / (1 - b1)`.
+        b2: the decay rate of the second moment, in [0, 1).
+        gamma: the strength of the variance-reduction correction, >= 0.
+        eps: added to the denominator's square root for numerical stability, >= 0.
+        max_norm: the largest norm of each parameter's corrected gradient `c`, > 0; `None` for no
+            clipping.
+        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
+            keeps the parameters' dtype.
+
+    Example:
+        >>> tx = modopt.chain(modopt.scale_by_mars(), modopt.scale_by_learning_rate(3e-3))
+
+    Reference: Yuan et al., 2024, "MARS: Unleashing the Power of Variance Reduction for Training
+    Large Models", https://arxiv.org/abs/2411.10438
+    """
+
+    b1: Any = fields.decay_rate(0.95)
+    b2: Any = fields.decay_rate(0.99)
+    gamma: Any = hyperparameter(0.025, check=NONNEGATIVE)
+    eps: Any = fields.eps(1e-8)
+    max_norm: Any = hyperparameter(1.0, check=POSITIVE, optional=True)
+    mu_dtype: Any = fields.dtype()
+
+    def init(self, params):
+        return ScaleByMarsState(
+            count=jnp.zeros([], jnp.int32),
+            mu=zeros_like(params, self.mu_dtype),
+            nu=zeros_like(params),
+            last_grad=zeros_like(params),
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        scale = self.gamma * self.b1 / (1 - self.b1)
+        c = map_updates(lambda g, last: corrected_gradient(g, last, scale, self.max_norm), updates, state.last_grad)
+        mu = update_moment(c, state.mu, self.b1, 1)
+        nu = update_moment_per_elem_norm(c, state.nu, self.b2, 2)
+        count = safe_increment(state.count)
+        new_updates = moment_ratio(bias_correction(mu, self.b1, count), bias_correction(nu, self.b2, count), self.eps)
+        new_state = ScaleByMarsState(
+            count=count,
+            mu=cast(mu, self.mu_dtype),
+            nu=cast_like(nu, state.nu),
+            last_grad=cast_like(updates, state.last_grad),
+        )
+        return cast_like(new_updates, updates), new_state
+
+
+scale_by_mars = ScaleByMars

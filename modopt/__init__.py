@@ -76,6 +76,7 @@ from ._optimizer import Optimizer as Optimizer
 from ._updates import apply_updates as apply_updates
 from ._updates import incremental_update as incremental_update
 from ._updates import periodic_update as periodic_update
+from ._value_and_grad import value_and_grad_from_state as value_and_grad_from_state
 from .combinators import *  # noqa: F403
 from .linalg import matrix_inverse_pth_root as matrix_inverse_pth_root
 from .linalg import nnls as nnls

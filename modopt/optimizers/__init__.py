@@ -52,6 +52,10 @@ from ._laprop import Laprop as Laprop
 from ._laprop import laprop as laprop
 from ._lbfgs import Lbfgs as Lbfgs
 from ._lbfgs import lbfgs as lbfgs
+from ._muon_variants import AdaMuon as AdaMuon
+from ._muon_variants import NorMuon as NorMuon
+from ._muon_variants import adamuon as adamuon
+from ._muon_variants import normuon as normuon
 from ._mars import Mars as Mars
 from ._mars import mars as mars
 from ._sgd import Sgd as Sgd

@@ -84,6 +84,12 @@ from ._linesearch import scale_by_backtracking_linesearch as scale_by_backtracki
 from ._lion import ScaleByLion as ScaleByLion
 from ._lion import ScaleByLionState as ScaleByLionState
 from ._lion import scale_by_lion as scale_by_lion
+from ._muon_variants import ScaleByAdaMuon as ScaleByAdaMuon
+from ._muon_variants import ScaleByAdaMuonState as ScaleByAdaMuonState
+from ._muon_variants import ScaleByNorMuon as ScaleByNorMuon
+from ._muon_variants import ScaleByNorMuonState as ScaleByNorMuonState
+from ._muon_variants import scale_by_adamuon as scale_by_adamuon
+from ._muon_variants import scale_by_normuon as scale_by_normuon
 from ._mars import ScaleByMars as ScaleByMars
 from ._mars import ScaleByMarsState as ScaleByMarsState
 from ._mars import scale_by_mars as scale_by_mars

@@ -56,6 +56,11 @@ def matrix_inverse_pth_root(
     ridge_epsilon: float | jax.Array = 1e-6,
     error_tolerance: float | jax.Array = 1e-6,
     precision: jax.lax.Precision = jax.lax.Precision.HIGHEST,
+    *,
+    padding_start: int | jax.Array | None = None,
+    relative_epsilon: bool = True,
+    max_retries: int = 0,
+    retry_error_threshold: float | jax.Array = 0.05,
 ) -> tuple[jax.Array, jax.Array]:
     r"""The inverse p-th root `matrix^(-1/p)` of a symmetric positive semi-definite matrix.
 
@@ -76,6 +81,19 @@ def matrix_inverse_pth_root(
 
     This is the preconditioner computation of Shampoo (`p = 4` for a matrix's two sides).
 
+    Three keyword-only options serve blocked Shampoo (as in the distributed Shampoo reference,
+    `precondition.distributed_shampoo.matrix_inverse_pth_root`); their defaults leave the
+    computation above unchanged:
+
+    - `padding_start = k` treats rows and columns `k, k+1, ...` as padding: they are zeroed,
+      take no damping, and the root is zero there, so the leading `k x k` block gets the root
+      of the leading block alone. It may be traced (a batch of blocks of different true sizes
+      padded to one shape, under `jax.vmap`); `k = 0` gives the zero matrix.
+    - `relative_epsilon=False` damps by `eps` itself instead of `eps * lambda_max`.
+    - `max_retries = r`: while the error exceeds `retry_error_threshold`, start again with a
+      ten times larger damping (`eps * 10^i` at the `i`-th retry), at most `r` times; the last
+      attempt is returned (the reference makes up to 5 retries at threshold 0.05).
+
     Args:
         matrix: a symmetric positive semi-definite real floating array of shape `(n, n)`.
             bfloat16 and float16 matrices are computed in float32 and the root cast back.
@@ -84,10 +102,18 @@ def matrix_inverse_pth_root(
         ridge_epsilon: the damping relative to the largest eigenvalue (>= 0).
         error_tolerance: stop once `max |M - I|` is at most this (>= 0).
         precision: the XLA precision of the matrix products (`jax.lax.Precision`).
+        padding_start: the index where padding rows and columns begin (keyword-only), an integer
+            in `[0, n]`, possibly traced; `None` (the default): no padding.
+        relative_epsilon: damp by `ridge_epsilon * lambda_max` (the default) or, if `False`, by
+            `ridge_epsilon` alone (keyword-only).
+        max_retries: the most restarts with a ten times larger damping when the error stays above
+            `retry_error_threshold` (keyword-only), a Python integer >= 0; 0 (the default): none.
+        retry_error_threshold: the error above which an attempt is retried (keyword-only), >= 0.
 
     Returns:
         `(root, error)`: `root` approximates `(matrix + eps * lambda_max * I)^(-1/p)`, with the
-        matrix's shape and dtype; `error` is `max |root^p A - I|` for that root (0 for n = 1).
+        matrix's shape and dtype; `error` is `max |root^p A - I|` for that root (0 for n = 1),
+        with `A` the damped matrix of the attempt returned.
 
     Example:
         >>> import jax.numpy as jnp
@@ -108,15 +134,50 @@ def matrix_inverse_pth_root(
     number("ridge_epsilon", ridge_epsilon, where, least=0)
     number("error_tolerance", error_tolerance, where, least=0)
 
+    if padding_start is not None:
+        number("padding_start", padding_start, where, least=0, integer=True)
+        if is_concrete(padding_start) and int(np.asarray(padding_start)) > matrix.shape[0]:
+            raise ValueError(
+                f"Invalid padding_start: {int(np.asarray(padding_start))} (must be at most the matrix size "
+                f"{matrix.shape[0]}) in {where}."
+            )
+    if isinstance(max_retries, (bool, np.bool_)) or not isinstance(max_retries, (int, np.integer)) or max_retries < 0:
+        raise ValueError(f"Invalid max_retries: {max_retries!r} (must be a Python integer >= 0) in {where}.")
+    number("retry_error_threshold", retry_error_threshold, where, least=0)
+
     static_p = int(np.asarray(p)) if is_concrete(p) else None
     return _inverse_pth_root(
-        matrix, p, num_iters, ridge_epsilon, error_tolerance, static_p=static_p, precision=precision
+        matrix,
+        p,
+        num_iters,
+        ridge_epsilon,
+        error_tolerance,
+        padding_start,
+        retry_error_threshold,
+        static_p=static_p,
+        precision=precision,
+        relative_epsilon=bool(relative_epsilon),
+        max_retries=int(max_retries),
     )
 
 
-@functools.partial(jax.jit, static_argnames=("static_p", "precision"))
-def _inverse_pth_root(matrix, p, num_iters, ridge_epsilon, error_tolerance, *, static_p, precision):
-    """The coupled Newton iteration, compiled once per shape, dtype, precision and static `p`."""
+@functools.partial(jax.jit, static_argnames=("static_p", "precision", "relative_epsilon", "max_retries"))
+def _inverse_pth_root(
+    matrix,
+    p,
+    num_iters,
+    ridge_epsilon,
+    error_tolerance,
+    padding_start,
+    retry_error_threshold,
+    *,
+    static_p,
+    precision,
+    relative_epsilon,
+    max_retries,
+):
+    """The coupled Newton iteration, compiled once per shape, dtype, precision, static `p` and
+    options (a `padding_start` or none)."""
     dtype = jnp.promote_types(matrix.dtype, jnp.float32)
     a = matrix.astype(dtype)
     n = a.shape[0]
@@ -135,33 +196,62 @@ def _inverse_pth_root(matrix, p, num_iters, ridge_epsilon, error_tolerance, *, s
 
     alpha = -1.0 / p_float
 
-    if n == 1:
+    if padding_start is not None:  # zero the padding; the identity and the damping skip it too
+        valid = (jnp.arange(n) < padding_start).astype(dtype)
+        a = a * valid[:, None] * valid[None, :]
+        identity = identity * valid
+
+    if not relative_epsilon:
+        largest = jnp.ones([], dtype)
+    elif n == 1:
         largest = a[0, 0]
-    else:
+    elif padding_start is None:
         _, largest = power_iteration(a, num_iters=100, error_tolerance=1e-6, precision=precision)
-    damped = a + (ridge_epsilon * jnp.maximum(largest, 1e-16)) * identity
-    if n == 1:
-        return (damped**alpha).astype(matrix.dtype), jnp.zeros([], dtype)
+    else:  # power_iteration's own start vector, without its padding entries
+        v0 = jax.random.uniform(jax.random.PRNGKey(0), (n,), dtype, minval=-1.0, maxval=1.0) * valid
+        _, largest = power_iteration(a, num_iters=100, error_tolerance=1e-6, precision=precision, v0=v0)
+    ridge = ridge_epsilon * jnp.maximum(largest, 1e-16) if relative_epsilon else ridge_epsilon * largest
 
-    z = (1 + p_float) / (2 * _frobenius(damped))
-    m0 = z * damped
-    h0 = identity * z ** (1.0 / p_float)
-    error0 = jnp.max(jnp.abs(m0 - identity))
+    def newton(ridge):
+        """The root of `a + ridge * identity` and its error."""
+        damped = a + ridge * identity
+        if n == 1:
+            return damped**alpha, jnp.zeros([], dtype)
 
-    def keep_going(carry):
-        step, _, _, error, _, _, improving = carry
-        return (step < num_iters) & (error > error_tolerance) & improving
+        z = (1 + p_float) / (2 * _frobenius(damped))
+        m0 = z * damped
+        h0 = identity * z ** (1.0 / p_float)
+        error0 = jnp.max(jnp.abs(m0 - identity))
 
-    def newton_step(carry):
-        step, m, h, error, _, _, _ = carry
-        t = (1 - alpha) * identity + alpha * m
-        new_m = jnp.matmul(power(t), m, precision=precision)
-        new_h = jnp.matmul(h, t, precision=precision)
-        new_error = jnp.max(jnp.abs(new_m - identity))
-        return step + 1, new_m, new_h, new_error, h, error, new_error < _GROWTH * error
+        def keep_going(carry):
+            step, _, _, error, _, _, improving = carry
+            return (step < num_iters) & (error > error_tolerance) & improving
 
-    start = (jnp.asarray(0), m0, h0, error0, h0, error0, jnp.asarray(True))
-    _, _, h, error, previous_h, previous_error, improving = jax.lax.while_loop(keep_going, newton_step, start)
-    root = jnp.where(improving, h, previous_h)
-    error = jnp.where(improving, error, previous_error)
+        def newton_step(carry):
+            step, m, h, error, _, _, _ = carry
+            t = (1 - alpha) * identity + alpha * m
+            new_m = jnp.matmul(power(t), m, precision=precision)
+            new_h = jnp.matmul(h, t, precision=precision)
+            new_error = jnp.max(jnp.abs(new_m - identity))
+            return step + 1, new_m, new_h, new_error, h, error, new_error < _GROWTH * error
+
+        start = (jnp.asarray(0), m0, h0, error0, h0, error0, jnp.asarray(True))
+        _, _, h, error, previous_h, previous_error, improving = jax.lax.while_loop(keep_going, newton_step, start)
+        return jnp.where(improving, h, previous_h), jnp.where(improving, error, previous_error)
+
+    root, error = newton(ridge)
+    if max_retries and n > 1:  # start again with 10x the damping while the error stays large
+
+        def retry_again(carry):
+            tries, _, error = carry
+            return (tries <= max_retries) & ~(error <= retry_error_threshold)  # NaN errors retry too
+
+        def retry(carry):
+            tries, _, _ = carry
+            return (tries + 1, *newton(ridge * jnp.asarray(10.0, dtype) ** tries))
+
+        _, root, error = jax.lax.while_loop(retry_again, retry, (jnp.asarray(1), root, error))
+    if padding_start is not None:  # all padding: the zero matrix
+        root = jnp.where(padding_start == 0, jnp.zeros_like(root), root)
+        error = jnp.where(padding_start == 0, jnp.zeros_like(error), error)
     return root.astype(matrix.dtype), error

@@ -1,0 +1,121 @@
+"""Shampoo with grafting (distributed Shampoo) as a named optimizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .. import fields
+from .._base import AbstractComposite
+from .._fields import FINITE, NONNEGATIVE, NONNEGATIVE_INTEGER, POSITIVE, POSITIVE_INTEGER, UNIT, choice, hyperparameter, static
+from ..combinators import Chain
+from ..schedules._base import ScalarOrSchedule
+from ..transforms import ScaleByLearningRate
+from ..transforms._shampoo import GRAFT_TYPES, ScaleByShampoo, as_graft_type, check_static_ints
+
+
+class Shampoo(AbstractComposite):
+    r"""Shampoo with grafting: `params -= learning_rate * scale_by_shampoo(g)`.
+
+    Blocked Kronecker-factored preconditioners `P_j = (L_j + eps I)^(-1/2k)` per block and
+    dimension, the update's norm per parameter grafted from a first-order method (`graft_type`),
+    momentum (Nesterov by default) and coupled weight decay; see `scale_by_shampoo` for the update
+    rule, the sharding rule of the state and the departures from the reference. Arguments and
+    defaults are those of `precondition.distributed_shampoo.distributed_shampoo` (the first
+    fourteen in its order), except that `block_size` defaults to 128, the reference's advice.
+
+    Args:
+        learning_rate: the step size: a number >= 0 or a schedule of the step count.
+        block_size: the largest block along any dimension (static); `<= 0`: no blocks.
+        beta1: the momentum, in [0, 1].
+        beta2: the decay of the statistics (and of RMSProp grafting's squares), in [0, 1]; 1 sums.
+        diagonal_epsilon: added to the square root in Adagrad/RMSProp grafting, >= 0.
+        matrix_epsilon: the initial statistics' scale and the damping of the inverse roots, >= 0.
+        weight_decay: the coefficient of (coupled) weight decay, added before the momentum.
+        start_preconditioning_step: the first step (from 0) that uses Shampoo's update, an
+            integer >= 0; the grafting update before.
+        preconditioning_compute_steps: recompute the inverse roots at the steps divisible by this,
+            an integer >= 1.
+        statistics_compute_steps: update the statistics at the steps divisible by this, an
+            integer >= 1.
+        best_effort_shape_interpretation: merge neighbouring small dimensions before blocking
+            (static).
+        graft_type: "sgd", "adagrad", "rmsprop", "rmsprop_normalized", "adagrad_normalized",
+            "sqrt_n" or "none" (static); the reference's `GraftingType` numbers are accepted.
+        nesterov: Nesterov momentum (static).
+        exponent_override: the root `p` of every preconditioner (static); 0 for twice the number
+            of dimensions.
+        inverse_failure_threshold: a new inverse root is used only if its error is below this.
+        moving_average_for_momentum: weigh the new update by `1 - beta1` in the momenta (static).
+        skip_preconditioning_dim_size_gt: parameters with a larger dimension are not
+            preconditioned (static).
+        clip_by_scaled_gradient_norm: with RMSProp grafting, the largest RMS of the grafting
+            update (> 0); `None`: no clipping.
+        precision: the XLA precision of the inverse roots' products (static).
+        relative_matrix_epsilon: scale the damping by the statistic's largest eigenvalue (static).
+        merge_small_dims_block_size: the largest product of merged dimensions (static).
+        skip_preconditioning_rank_lt: parameters of fewer dimensions are not preconditioned
+            (static).
+
+    Example:
+        >>> optimizer = modopt.Optimizer(modopt.shampoo(1e-3, block_size=128, graft_type="rmsprop"), model)
+
+    Reference: Anil et al., 2020, Scalable Second Order Optimization for Deep Learning,
+    https://arxiv.org/abs/2002.09018
+    """
+
+    learning_rate: ScalarOrSchedule = fields.learning_rate()
+    block_size: int = static(128)
+    beta1: Any = fields.decay_rate(0.9, check=UNIT)
+    beta2: Any = fields.decay_rate(0.999, check=UNIT)
+    diagonal_epsilon: Any = fields.eps(1e-10)
+    matrix_epsilon: Any = fields.eps(1e-6)
+    weight_decay: Any = hyperparameter(0.0, check=FINITE)
+    start_preconditioning_step: Any = hyperparameter(5, check=NONNEGATIVE_INTEGER)
+    preconditioning_compute_steps: Any = hyperparameter(1, check=POSITIVE_INTEGER)
+    statistics_compute_steps: Any = hyperparameter(1, check=POSITIVE_INTEGER)
+    best_effort_shape_interpretation: bool = static(True)
+    graft_type: str = choice("sgd", GRAFT_TYPES, converter=as_graft_type)
+    nesterov: bool = static(True)
+    exponent_override: int = static(0)
+    inverse_failure_threshold: Any = hyperparameter(0.1, check=NONNEGATIVE, kw_only=True)
+    moving_average_for_momentum: bool = static(False, kw_only=True)
+    skip_preconditioning_dim_size_gt: int = static(4096, kw_only=True)
+    clip_by_scaled_gradient_norm: Any = hyperparameter(None, check=POSITIVE, kw_only=True)
+    precision: Any = static(jax.lax.Precision.HIGHEST, kw_only=True)
+    relative_matrix_epsilon: bool = static(True, kw_only=True)
+    merge_small_dims_block_size: int = static(4096, kw_only=True)
+    skip_preconditioning_rank_lt: int = static(1, kw_only=True)
+
+    def __check_init__(self):
+        check_static_ints(self)
+
+    def build(self):
+        shampoo = ScaleByShampoo(
+            self.block_size,
+            self.beta1,
+            self.beta2,
+            self.diagonal_epsilon,
+            self.matrix_epsilon,
+            self.weight_decay,
+            self.start_preconditioning_step,
+            self.preconditioning_compute_steps,
+            self.statistics_compute_steps,
+            self.best_effort_shape_interpretation,
+            self.graft_type,
+            self.nesterov,
+            self.exponent_override,
+            inverse_failure_threshold=self.inverse_failure_threshold,
+            moving_average_for_momentum=self.moving_average_for_momentum,
+            skip_preconditioning_dim_size_gt=self.skip_preconditioning_dim_size_gt,
+            clip_by_scaled_gradient_norm=self.clip_by_scaled_gradient_norm,
+            precision=self.precision,
+            relative_matrix_epsilon=self.relative_matrix_epsilon,
+            merge_small_dims_block_size=self.merge_small_dims_block_size,
+            skip_preconditioning_rank_lt=self.skip_preconditioning_rank_lt,
+        )
+        return Chain(shampoo, ScaleByLearningRate(self.learning_rate))
+
+
+shampoo = Shampoo

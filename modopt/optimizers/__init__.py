@@ -58,6 +58,8 @@ from ._muon_variants import adamuon as adamuon
 from ._muon_variants import normuon as normuon
 from ._mars import Mars as Mars
 from ._mars import mars as mars
+from ._shampoo import Shampoo as Shampoo
+from ._shampoo import shampoo as shampoo
 from ._sgd import Sgd as Sgd
 from ._sgd import sgd as sgd
 from ._soap import Soap as Soap

@@ -136,6 +136,9 @@ from ._scale import scale_by_learning_rate as scale_by_learning_rate
 from ._scale import scale_by_param_block_norm as scale_by_param_block_norm
 from ._scale import scale_by_param_block_rms as scale_by_param_block_rms
 from ._scale import scale_by_schedule as scale_by_schedule
+from ._shampoo import ScaleByShampoo as ScaleByShampoo
+from ._shampoo import ScaleByShampooState as ScaleByShampooState
+from ._shampoo import scale_by_shampoo as scale_by_shampoo
 from ._soap import ScaleBySoap as ScaleBySoap
 from ._soap import ScaleBySoapState as ScaleBySoapState
 from ._soap import scale_by_soap as scale_by_soap

@@ -11,6 +11,7 @@ from . import adaptive, contrib, contrib_adaptive, core, diagnostics, inject, la
 from . import contrib_parameter_free
 from . import contrib_second_order
 from . import contrib_muon_adopt
+from . import beyond_adam
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -32,6 +33,7 @@ ENTRIES: list[Entry] = [
     *contrib_second_order.ENTRIES,
     *contrib_muon_adopt.ENTRIES,
     *trax.ENTRIES,
+    *beyond_adam.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -11,6 +11,7 @@ from . import adaptive, contrib, contrib_adaptive, core, diagnostics, inject, la
 from . import contrib_parameter_free
 from . import contrib_second_order
 from . import contrib_muon_adopt
+from . import muon_variants
 from . import beyond_adam
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
@@ -32,6 +33,7 @@ ENTRIES: list[Entry] = [
     *contrib_parameter_free.ENTRIES,
     *contrib_second_order.ENTRIES,
     *contrib_muon_adopt.ENTRIES,
+    *muon_variants.ENTRIES,
     *trax.ENTRIES,
     *beyond_adam.ENTRIES,
 ]

@@ -317,8 +317,8 @@ def test_adam_mini_state_specs_follow_the_split_axis():
         ({"w": 2, "s": "leaf"}, "axis 2 is out of range for 2 dimensions"),
         ({"w": 0, "s": 0}, "axis 0 is out of range for 0 dimensions"),
         ({"w": modopt.AdamMiniHeads(4), "s": "leaf"}, "4 heads do not divide 6"),
-        ({"w": "rows", "s": "leaf"}, "unknown rule"),
-        ({"w": 1.5, "s": "leaf"}, "not a block rule"),
+        (lambda params: {"w": "rows", "s": "leaf"}, "unknown rule"),
+        (lambda params: {"w": 1.5, "s": "leaf"}, "not a block rule"),
     ],
 )
 def test_adam_mini_bad_partition_names_the_parameter(partition, message):
@@ -326,6 +326,12 @@ def test_adam_mini_bad_partition_names_the_parameter(partition, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         modopt.scale_by_adam_mini(partition=partition).init(params)
     assert "['w']" in str(error.value) or "['s']" in str(error.value)
+
+
+@pytest.mark.parametrize("rule", ["rows", 1.5, True])
+def test_adam_mini_bad_rule_fails_at_construction(rule):
+    with pytest.raises(ValueError, match=re.escape(f"Invalid partition: {rule!r} at ['w'] (must be 'leaf'")):
+        modopt.adam_mini(1e-3, partition={"w": rule, "b": "leaf"})
 
 
 def test_adam_mini_partition_structure_is_checked():

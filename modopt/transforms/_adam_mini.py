@@ -60,6 +60,13 @@ def _checked_axis(rule: Any, axis: int, path: str, shape: tuple[int, ...]) -> in
     return axis % len(shape)
 
 
+def _is_rule(rule: Any) -> bool:
+    """Whether `rule` is of a block rule's kind (a shape may still not fit it)."""
+    if isinstance(rule, str):
+        return rule in (PER_LEAF, PER_ELEMENT)
+    return isinstance(rule, AdamMiniHeads) or (isinstance(rule, int) and not isinstance(rule, bool))
+
+
 def _check_rule(rule: Any, path: str, shape: tuple[int, ...]) -> None:
     """Raises a clear error unless `rule` is a block rule that fits a parameter of `shape`."""
     if isinstance(rule, str):
@@ -191,6 +198,19 @@ class ScaleByAdamMini(AbstractTransform):
     eps: Any = fields.eps(1e-8)
     mu_dtype: Any = fields.dtype()
     partition: Any = fields.mask()
+
+    def __check_init__(self):
+        # A pytree of rules is checked here (shapes are checked when the parameters are known);
+        # a function of the params is checked when it is called.
+        if self.partition is None or callable(self.partition):
+            return
+        for path, rule in jax.tree_util.tree_flatten_with_path(self.partition.tree)[0]:
+            if not _is_rule(rule):
+                where = jax.tree_util.keystr(path) or "the root"
+                raise ValueError(
+                    f"Invalid partition: {rule!r} at {where} (must be 'leaf', 'element', an integer axis or "
+                    "AdamMiniHeads(num_heads, axis)) in ScaleByAdamMini."
+                )
 
     def acts_elementwise(self) -> bool:
         return self.partition is not None and _all_per_element(self.partition)

@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +24,7 @@ from .._fields import StaticTree, _is_key, as_hyperparameter
 from .._numerics import safe_increment
 from .._specs import follow_params
 from ..schedules._base import AbstractSchedule, as_schedule, is_schedule
-from ..schedules._stateful import WrappedScheduleState, is_stateful_schedule
+from ..schedules._stateful import WrappedScheduleState, as_stateful_module, is_stateful_schedule
 
 
 class InjectHyperparamsState(NamedTuple):
@@ -146,7 +147,7 @@ class InjectStatefulHyperparams(AbstractTransform):
     """
 
     injected: InjectHyperparams
-    stateful: dict[str, Any]
+    stateful: dict[str, Any] = eqx.field(converter=lambda d: {k: as_stateful_module(v) for k, v in d.items()})
 
     def _values(
         self, count: Any, stored: dict[str, Any], states: dict[str, Any], params: Any, extra_args: Any

@@ -442,12 +442,15 @@ class TrackPerElementMeanAndVarianceWithEma(AbstractTransform):
         size = extra_arg(extra_args, "sample_size", self)
         decay = self.ema_decay
 
-        def average(x, y):
-            return (1 - decay) * x + decay * y
+        def average(x, y):  # kept in the average's dtype
+            return ((1 - decay) * x + decay * y).astype(y.dtype)
 
         mean = jax.tree_util.tree_map(average, updates, state.mean_grads_ema)
+        # The factor in each leaf's dtype, as a Python number would be (optax's, with one
+        # micro-batch; over several, optax's traced factor turns bfloat16 averages to float32,
+        # which its `process` then rejects).
         variance = jax.tree_util.tree_map(
-            lambda s, y: average((1 / (size - 1)) * s, y), sums, state.variance_grads_ema
+            lambda s, y: average(jnp.asarray(1 / (size - 1), s.dtype) * s, y), sums, state.variance_grads_ema
         )
         new_state = state._replace(
             count=safe_int32_increment(state.count), mean_grads_ema=mean, variance_grads_ema=variance

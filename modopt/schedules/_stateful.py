@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._fields import static
 from .._numerics import safe_increment
 from ._base import AbstractSchedule, as_schedule
 
@@ -64,6 +65,32 @@ class WrappedSchedule(eqx.Module):
     def __call__(self, state: WrappedScheduleState, **extra_args: Any) -> Any:
         del extra_args
         return self.schedule_fn(state.count)
+
+
+class StatefulFunction(eqx.Module):
+    """A `StatefulSchedule` that is not an Equinox module, held as code (static): its numbers,
+    if any, are not leaves, and a different one retraces. Made by `as_stateful_module`.
+
+    Args:
+        schedule: the stateful schedule (static: code).
+    """
+
+    schedule: Any = static()
+
+    def init(self) -> Any:
+        return self.schedule.init()
+
+    def update(self, state: Any, **extra_args: Any) -> Any:
+        return self.schedule.update(state, **extra_args)
+
+    def __call__(self, state: Any, **extra_args: Any) -> Any:
+        return self.schedule(state, **extra_args)
+
+
+def as_stateful_module(value: Any) -> Any:
+    """A stateful schedule as a module: Equinox modules as they are, other objects as
+    `StatefulFunction`s (static), as a schedule function becomes a `FunctionSchedule`."""
+    return value if isinstance(value, eqx.Module) else StatefulFunction(value)
 
 
 def is_stateful_schedule(value: Any) -> bool:

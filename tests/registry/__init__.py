@@ -13,6 +13,7 @@ from . import contrib_second_order
 from . import contrib_muon_adopt
 from . import muon_variants
 from . import beyond_adam
+from . import toplevel
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -36,6 +37,7 @@ ENTRIES: list[Entry] = [
     *muon_variants.ENTRIES,
     *trax.ENTRIES,
     *beyond_adam.ENTRIES,
+    *toplevel.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

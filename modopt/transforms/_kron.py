@@ -94,9 +94,10 @@ def kron_layout(
 ) -> Layout:
     """The `Layout` of a parameter of `shape`, by the reference's rules.
 
-    With `merge_dims`, a parameter of three or more axes is seen as a matrix:
-    `(prod(shape[:-1]), shape[-1])` when `shape[-1] - prod(shape[:-1]) <= prod(shape[1:]) -
-    shape[0]`, else `(shape[0], prod(shape[1:]))` (the reference's signed comparison). An axis's
+    With `merge_dims`, a parameter of three or more axes is seen as the matrix
+    `(prod(shape[:-1]), shape[-1])`. (The reference compares it with `(shape[0],
+    prod(shape[1:]))` by the signed differences of their sides, a comparison the first always
+    wins for nonempty parameters.) An axis's
     factor is diagonal when its size is 1 or above `max_size_triangular`, when the (merged) rank
     is below `min_ndim_triangular`, or when `memory_save_mode` says so: `"one_diag"` makes the
     largest axis diagonal (the last of equal largest ones), `"smart_one_diag"` does so only when
@@ -107,11 +108,7 @@ def kron_layout(
         return Layout((1,), ((),), (True,))
     groups = tuple((axis,) for axis in range(len(shape)))
     if len(shape) > 2 and merge_dims:
-        rows, cols = math.prod(shape[:-1]), math.prod(shape[1:])
-        if shape[-1] - rows <= cols - shape[0]:
-            shape, groups = (rows, shape[-1]), (tuple(range(len(shape) - 1)), (len(shape) - 1,))
-        else:
-            shape, groups = (shape[0], cols), ((0,), tuple(range(1, len(shape))))
+        shape, groups = (math.prod(shape[:-1]), shape[-1]), (tuple(range(len(shape) - 1)), (len(shape) - 1,))
     largest = int(np.argsort(shape)[::-1][0])
     if memory_save_mode is None:
         chosen = [False] * len(shape)

@@ -12,6 +12,7 @@ from . import contrib_parameter_free
 from . import contrib_second_order
 from . import contrib_muon_adopt
 from . import muon_variants
+from . import kron
 from . import beyond_adam
 from . import toplevel
 from ._entry import LABELS as LABELS
@@ -35,6 +36,7 @@ ENTRIES: list[Entry] = [
     *contrib_second_order.ENTRIES,
     *contrib_muon_adopt.ENTRIES,
     *muon_variants.ENTRIES,
+    *kron.ENTRIES,
     *trax.ENTRIES,
     *beyond_adam.ENTRIES,
     *toplevel.ENTRIES,

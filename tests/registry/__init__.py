@@ -15,6 +15,7 @@ from . import muon_variants
 from . import kron
 from . import beyond_adam
 from . import toplevel
+from . import soap
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -40,6 +41,7 @@ ENTRIES: list[Entry] = [
     *trax.ENTRIES,
     *beyond_adam.ENTRIES,
     *toplevel.ENTRIES,
+    *soap.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -162,8 +162,13 @@ class ScaleBySoap(AbstractTransform):
             )
 
     def layout(self, shape: tuple[int, ...]) -> _Layout:
-        """How a parameter of `shape` is rotated: the shape the rotations act on, and which of
-        its dimensions have a statistic and a basis."""
+        """How a parameter of `shape` is rotated: the shape the rotations act on (merged
+        dimensions with `merge_dims`), the parameter's axes forming each of its dimensions, and
+        which of them have a statistic and a basis.
+
+        Args:
+            shape: the parameter's shape.
+        """
         shape = tuple(shape)
         limit = self.max_precondition_dim
         if len(shape) == 0:
@@ -207,7 +212,12 @@ class ScaleBySoap(AbstractTransform):
         too. It keeps the memory of a `(d, d)` matrix per device at `d^2 / ways`, and the
         rotations contract the parameter's split axis with the basis' split rows. The
         eigendecomposition and QR are not partitioned: XLA gathers each matrix for them (at the
-        first step and at refreshes).
+        first step and at refreshes). With `merge_dims`, merging a split axis with others is a
+        reshape that XLA may only do by gathering the tensor.
+
+        Args:
+            params: the parameters, concrete or abstract.
+            param_specs: their `PartitionSpec`s.
         """
         treedef = jax.tree_util.tree_structure(params)
 

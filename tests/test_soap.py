@@ -409,3 +409,22 @@ def test_state_bytes_per_parameter():
     state = jax.eval_shape(modopt.soap(3e-3).init, params)
     total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
     assert total // (1024 * 1024) == 24
+
+
+def test_complex_parameters_rejected():
+    with pytest.raises(TypeError, match=r"real parameters; the parameter at \['z'\] is complex64"):
+        modopt.soap(1e-3).init({"z": jnp.ones((2, 2), jnp.complex64)})
+
+
+def test_masked_equals_alone():
+    """Inside `masked` (masked-out leaves are empty nodes in the state), the selected leaf gets
+    what `scale_by_soap` gives it alone, and the other passes through."""
+    params, grads = make({"w": (3, 3), "b": (3,)}, seed=7, steps=4)
+    masked = modopt.masked(modopt.scale_by_soap(precondition_frequency=2), {"w": True, "b": False})
+    alone = modopt.scale_by_soap(precondition_frequency=2)
+    state, alone_state = masked.init(params), alone.init({"w": params["w"]})
+    for g in grads:
+        u, state = masked.update(g, state, params)
+        expected, alone_state = alone.update({"w": g["w"]}, alone_state)
+        assert_close(u["w"], expected["w"], "w", 1e-6)
+        np.testing.assert_array_equal(u["b"], g["b"])

@@ -104,10 +104,18 @@ class ScaleBySoap(AbstractTransform):
     decomposition, `Q <- qr(S Q)`, its columns sorted by the estimated eigenvalues
     `diag(Q^T S Q)` (descending); `v` is permuted alike and `m` rotated into the new basis.
 
-    Under `jax.jit` the three kinds of step (first, refresh, plain) are one `lax.switch`, so
-    only the step that needs it pays for the `O(d^3)` eigendecomposition or QR; on GPU a
-    conditional reads its branch index on the host, a small synchronisation every step. Under
-    `jax.vmap` (a batch of optimizers) the switch becomes a select that runs all three.
+    The paper's algorithm keeps `m` in the parameter's basis and rotates it every step; kept
+    rotated (as in the authors' first release), it needs one rotation less per step and is
+    rotated into the new basis at each refresh: the same numbers up to rounding.
+
+    Cost under `jax.jit`: the three kinds of step (first, refresh, plain) are the branches of
+    one `lax.switch` on the step count, so a step runs only its branch and pays for the
+    `O(d^3)` eigendecomposition (first step) or QR (refresh) only when it needs it; a plain
+    step costs two rotations, `O(size * sum(d))`, and the statistics' products. All three
+    branches are compiled (the program holds the Adam step twice). On GPU, XLA may copy the
+    branch index to the host to pick the branch, a small synchronisation per step (not
+    measured here). Under `jax.vmap` (a batch of optimizers) the switch becomes a select that
+    runs all three branches every step.
 
     The eigendecomposition and QR run in float32 at least; statistics and bases are kept in
     float32 at least (as the authors' reference), the moments in the parameters' dtype.
@@ -192,6 +200,12 @@ class ScaleBySoap(AbstractTransform):
             bases = tuple(jnp.zeros((d, d), dtype) if r else None for d, r in zip(lay.shape, lay.rotated))
             return zeros, bases
 
+        for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
+            if jnp.iscomplexobj(p):
+                raise TypeError(
+                    f"{type(self).__name__} takes real parameters; the parameter at "
+                    f"{jax.tree_util.keystr(path) or 'the root'} is {p.dtype}."
+                )
         leaves, treedef = jax.tree_util.tree_flatten(params)
         pairs = [one(p) for p in leaves]
         return ScaleBySoapState(

@@ -16,6 +16,7 @@ from . import kron
 from . import beyond_adam
 from . import toplevel
 from . import soap
+from . import shampoo
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -42,6 +43,7 @@ ENTRIES: list[Entry] = [
     *beyond_adam.ENTRIES,
     *toplevel.ENTRIES,
     *soap.ENTRIES,
+    *shampoo.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

@@ -1,0 +1,39 @@
+"""Registry entries: Shampoo with grafting (`shampoo`, `scale_by_shampoo`), which optax lacks;
+compared step by step with `precondition.distributed_shampoo` in `test_shampoo.py`.
+
+Both start preconditioning at step 1, so the shared checks (5 steps, the resume after 2) use
+Shampoo's update, and cut the registry's leaves into blocks: with `block_size=32` the 130 x 136
+matrix is a 5 x 5 grid of blocks whose last row and column are padded; the (3, 5) matrix and the
+(2, 3, 4) cube are merged into vectors of 15 and 24 (the reference's default), the scalar takes
+the grafting update. `shampoo` grafts onto RMSProp and recomputes its roots every 2 steps.
+Statistics and preconditioners are stacks of block x block matrices: both entries declare their
+own sharding rule (replicated stacks).
+"""
+
+from __future__ import annotations
+
+import modopt
+
+from ._entry import Entry
+
+ENTRIES: list[Entry] = [
+    Entry(
+        "scale_by_shampoo",
+        lambda: modopt.scale_by_shampoo(block_size=32, start_preconditioning_step=1),
+        None,
+        ("beta2", 0.99),
+        own_rule=True,
+        reference="test_shampoo.py",
+    ),
+    Entry(
+        "shampoo",
+        lambda: modopt.shampoo(
+            0.02, block_size=32, start_preconditioning_step=1, preconditioning_compute_steps=2, graft_type="rmsprop"
+        ),
+        None,
+        ("learning_rate", 0.01),
+        descent=True,
+        own_rule=True,
+        reference="test_shampoo.py",
+    ),
+]

@@ -88,12 +88,19 @@ def assert_states_close(tx, state, their_state, tol, root_tol, what):
         theirs = their_state.stats[name]
         for field in ("statistics", "preconditioners"):
             ours = as_reference_blocks(tx, getattr(state, field)[name], shape)
-            assert len(ours) == len(getattr(theirs, field)), f"{what}: {field}[{name}] has another number of blocks"
+            assert len(ours) == len(getattr(theirs, field)), (
+                f"{what}: {field}[{name}] has another number of blocks"
+            )
             for b, (x, y) in enumerate(zip(ours, getattr(theirs, field))):
-                assert_close(x, y, root_tol if field == "preconditioners" else tol, f"{what}: {field}[{name}][{b}]")
+                assert_close(
+                    x, y, root_tol if field == "preconditioners" else tol, f"{what}: {field}[{name}][{b}]"
+                )
         assert_close(state.momentum[name], theirs.momentum.quantized, tol, f"{what}: momentum[{name}]")
         assert_close(
-            state.diagonal_momentum[name], theirs.diagonal_momentum.quantized, tol, f"{what}: diagonal_momentum[{name}]"
+            state.diagonal_momentum[name],
+            theirs.diagonal_momentum.quantized,
+            tol,
+            f"{what}: diagonal_momentum[{name}]",
         )
         if state.diagonal_statistics is None:
             assert list(theirs.diagonal_statistics.quantized) == []
@@ -144,23 +151,45 @@ def run_both(reference, config, tol, root_tol=ROOT_TOL, steps=STEPS, learning_ra
 CONFIGS = {
     "defaults": dict(block_size=4),
     "adagrad_unmerged_weight_decay_schedule": dict(
-        block_size=4, graft_type="adagrad", best_effort_shape_interpretation=False, weight_decay=0.01,
+        block_size=4,
+        graft_type="adagrad",
+        best_effort_shape_interpretation=False,
+        weight_decay=0.01,
         start_preconditioning_step=2,
     ),
     "rmsprop_clipped_no_nesterov": dict(
-        block_size=4, graft_type="rmsprop", beta2=0.9, clip_by_scaled_gradient_norm=0.5, nesterov=False,
+        block_size=4,
+        graft_type="rmsprop",
+        beta2=0.9,
+        clip_by_scaled_gradient_norm=0.5,
+        nesterov=False,
         start_preconditioning_step=1,
     ),
     "none_intervals_sums_moving_average": dict(
-        block_size=4, graft_type="none", preconditioning_compute_steps=3, statistics_compute_steps=2,
-        exponent_override=4, moving_average_for_momentum=True, beta2=1.0, beta1=0.8, start_preconditioning_step=1,
+        block_size=4,
+        graft_type="none",
+        preconditioning_compute_steps=3,
+        statistics_compute_steps=2,
+        exponent_override=4,
+        moving_average_for_momentum=True,
+        beta2=1.0,
+        beta1=0.8,
+        start_preconditioning_step=1,
     ),
     "rmsprop_normalized_skips_absolute_epsilon": dict(
-        block_size=4, graft_type="rmsprop_normalized", relative_matrix_epsilon=False, matrix_epsilon=1e-3,
-        skip_preconditioning_dim_size_gt=6, skip_preconditioning_rank_lt=2, start_preconditioning_step=0,
+        block_size=4,
+        graft_type="rmsprop_normalized",
+        relative_matrix_epsilon=False,
+        matrix_epsilon=1e-3,
+        skip_preconditioning_dim_size_gt=6,
+        skip_preconditioning_rank_lt=2,
+        start_preconditioning_step=0,
     ),
     "adagrad_normalized_failed_roots": dict(
-        block_size=4, graft_type="adagrad_normalized", inverse_failure_threshold=1e-7, start_preconditioning_step=2,
+        block_size=4,
+        graft_type="adagrad_normalized",
+        inverse_failure_threshold=1e-7,
+        start_preconditioning_step=2,
     ),
     "sqrt_n": dict(block_size=4, graft_type="sqrt_n", start_preconditioning_step=2),
 }
@@ -171,7 +200,13 @@ def test_parity_with_distributed_shampoo(reference, name):
     learning_rate = LR
     if name.endswith("schedule"):
         learning_rate = modopt.exponential_decay(0.2, transition_steps=2, decay_rate=0.5)
-    run_both(reference, dict(CONFIGS[name]), tol=1e-5, learning_rate=learning_rate, eager_steps=int(name == "defaults"))
+    run_both(
+        reference,
+        dict(CONFIGS[name]),
+        tol=1e-5,
+        learning_rate=learning_rate,
+        eager_steps=int(name == "defaults"),
+    )
 
 
 def test_parity_with_mixed_block_sizes(reference):
@@ -191,9 +226,15 @@ def test_decoupled_weight_decay_is_a_chain(reference):
     lr, wd = 0.1, 0.05
     params = make_params()
     grads = make_grads(0, params)
-    plain = reference.distributed_shampoo(lr, 4, start_preconditioning_step=0, generate_training_metrics=False)
+    plain = reference.distributed_shampoo(
+        lr, 4, start_preconditioning_step=0, generate_training_metrics=False
+    )
     coupled_theirs = reference.distributed_shampoo(
-        lr, 4, start_preconditioning_step=0, weight_decay=wd, decoupled_weight_decay=True,
+        lr,
+        4,
+        start_preconditioning_step=0,
+        weight_decay=wd,
+        decoupled_weight_decay=True,
         generate_training_metrics=False,
     )
     ours = modopt.chain(
@@ -215,9 +256,19 @@ def test_decoupled_weight_decay_is_a_chain(reference):
 # --------------------------------------------------------------------------------------------
 
 MERGE_CASES = [
-    ((), 4096), ((1,), 4096), ((1, 1, 1), 8), ((5,), 4096), ((6, 4), 4096), ((6, 4), 1), ((130, 136), 4096),
-    ((1, 2, 512, 1, 2048, 1, 3, 4), 1024), ((1, 2, 768, 1, 2048), 1024), ((3, 4, 2), 8), ((5000, 1), 4096),
-    ((7, 0, 3), 16), ((2, 3, 4, 5), 12),
+    ((), 4096),
+    ((1,), 4096),
+    ((1, 1, 1), 8),
+    ((5,), 4096),
+    ((6, 4), 4096),
+    ((6, 4), 1),
+    ((130, 136), 4096),
+    ((1, 2, 512, 1, 2048, 1, 3, 4), 1024),
+    ((1, 2, 768, 1, 2048), 1024),
+    ((3, 4, 2), 8),
+    ((5000, 1), 4096),
+    ((7, 0, 3), 16),
+    ((2, 3, 4, 5), 12),
 ]
 
 
@@ -265,7 +316,9 @@ def test_statistics_and_roots_match_numpy():
             assert np.all(np.asarray(stats[j][b])[n:] == 0) and np.all(np.asarray(roots[j][b])[n:] == 0)
             w, u = np.linalg.eigh(expected)
             exact = (u * (w + eps * w[-1]) ** -0.25) @ u.T
-            np.testing.assert_allclose(np.asarray(roots[j][b])[:n, :n], exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max())
+            np.testing.assert_allclose(
+                np.asarray(roots[j][b])[:n, :n], exact, rtol=1e-4, atol=1e-4 * np.abs(exact).max()
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,15 +351,21 @@ def test_inverse_root_padding_is_the_reference_and_the_leading_block(reference):
     roots, errors = jax.jit(jax.vmap(lambda a, k: matrix_inverse_pth_root(a, 2, padding_start=k)))(
         batch, jnp.array([5, 8, 0])
     )
-    np.testing.assert_allclose(roots[0], matrix_inverse_pth_root(jnp.asarray(padded), 2, padding_start=5)[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(roots[1], matrix_inverse_pth_root(jnp.asarray(padded), 2)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        roots[0], matrix_inverse_pth_root(jnp.asarray(padded), 2, padding_start=5)[0], rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        roots[1], matrix_inverse_pth_root(jnp.asarray(padded), 2)[0], rtol=1e-5, atol=1e-6
+    )
     assert np.all(np.asarray(roots[2]) == 0) and float(errors[2]) == 0
 
 
 def test_inverse_root_absolute_epsilon(reference):
     m = _rank_deficient(6, 3, 1)
     ours, _ = matrix_inverse_pth_root(jnp.asarray(m), 4, ridge_epsilon=1e-2, relative_epsilon=False)
-    theirs, _ = reference.matrix_inverse_pth_root(jnp.asarray(m), 4, ridge_epsilon=1e-2, relative_matrix_epsilon=False)
+    theirs, _ = reference.matrix_inverse_pth_root(
+        jnp.asarray(m), 4, ridge_epsilon=1e-2, relative_matrix_epsilon=False
+    )
     w, u = np.linalg.eigh(m.astype(np.float64))
     exact = (u * np.maximum(w + 1e-2, 1e-2) ** -0.25) @ u.T
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
@@ -379,13 +438,21 @@ def test_sharding_rule():
     assert rule.momentum == specs and rule.diagonal_momentum == specs and rule.diagonal_statistics == specs
     optimizer = modopt.Optimizer(tx, params)
     placed = modopt.sharding.shardings(optimizer, specs, mesh=mesh, zero_axis="data")
-    assert placed.state.statistics["w"][0].spec == P("data", None, None)  # (32, 4, 4): 32 blocks of the merged 128
+    # (32, 4, 4): the 32 blocks of the merged vector of 128, split over "data".
+    assert placed.state.statistics["w"][0].spec == P("data", None, None)
     assert placed.state.momentum["w"].spec == P("data", "model")
 
 
 def test_graft_types_by_name_or_reference_number(reference):
-    for number, name in [(0, "none"), (1, "sgd"), (2, "adagrad"), (3, "rmsprop"), (4, "rmsprop_normalized"),
-                         (5, "sqrt_n"), (6, "adagrad_normalized")]:
+    for number, name in [
+        (0, "none"),
+        (1, "sgd"),
+        (2, "adagrad"),
+        (3, "rmsprop"),
+        (4, "rmsprop_normalized"),
+        (5, "sqrt_n"),
+        (6, "adagrad_normalized"),
+    ]:
         assert reference.GraftingType(number).name.lower() == name
         assert modopt.shampoo(0.1, graft_type=reference.GraftingType(number)).graft_type == name
         assert modopt.scale_by_shampoo(graft_type=name.upper()).graft_type == name
@@ -399,7 +466,9 @@ def test_missing_updates_pass_through():
     updates, new_state = tx.update({"a": None, "b": jnp.ones((5,))}, state, params)
     assert updates["a"] is None and updates["b"].shape == (5,)
     for field in ("statistics", "preconditioners", "momentum"):
-        for x, y in zip(jax.tree.leaves(getattr(state, field)["a"]), jax.tree.leaves(getattr(new_state, field)["a"])):
+        for x, y in zip(
+            jax.tree.leaves(getattr(state, field)["a"]), jax.tree.leaves(getattr(new_state, field)["a"])
+        ):
             np.testing.assert_array_equal(x, y)
 
 
@@ -413,19 +482,51 @@ def test_params_needed_only_for_weight_decay():
 
 
 BAD = [
-    (lambda: modopt.shampoo(0.1, beta2=1.5), ValueError, r"Invalid beta2: 1.5 \(must be in \[0, 1\]\) in Shampoo"),
+    (
+        lambda: modopt.shampoo(0.1, beta2=1.5),
+        ValueError,
+        r"Invalid beta2: 1.5 \(must be in \[0, 1\]\) in Shampoo",
+    ),
     (lambda: modopt.shampoo(0.1, beta1=-0.1), ValueError, r"Invalid beta1: -0.1"),
     (lambda: modopt.shampoo(-0.1), ValueError, r"Invalid learning_rate: -0.1"),
-    (lambda: modopt.shampoo(0.1, graft_type="adam"), ValueError, r"Invalid graft_type: 'adam' \(must be one of 'sgd'"),
+    (
+        lambda: modopt.shampoo(0.1, graft_type="adam"),
+        ValueError,
+        r"Invalid graft_type: 'adam' \(must be one of 'sgd'",
+    ),
     (lambda: modopt.shampoo(0.1, graft_type=9), ValueError, r"Invalid graft_type: 9"),
-    (lambda: modopt.shampoo(0.1, block_size=12.5), TypeError, r"Invalid block_size: 12.5 \(must be a Python integer\)"),
+    (
+        lambda: modopt.shampoo(0.1, block_size=12.5),
+        TypeError,
+        r"Invalid block_size: 12.5 \(must be a Python integer\)",
+    ),
     (lambda: modopt.scale_by_shampoo(exponent_override=-2), ValueError, r"Invalid exponent_override: -2"),
-    (lambda: modopt.scale_by_shampoo(start_preconditioning_step=1.5), ValueError, r"Invalid start_preconditioning_step: 1.5"),
-    (lambda: modopt.scale_by_shampoo(preconditioning_compute_steps=0), ValueError, r"Invalid preconditioning_compute_steps: 0"),
-    (lambda: modopt.scale_by_shampoo(statistics_compute_steps=0), ValueError, r"Invalid statistics_compute_steps: 0"),
+    (
+        lambda: modopt.scale_by_shampoo(start_preconditioning_step=1.5),
+        ValueError,
+        r"Invalid start_preconditioning_step: 1.5",
+    ),
+    (
+        lambda: modopt.scale_by_shampoo(preconditioning_compute_steps=0),
+        ValueError,
+        r"Invalid preconditioning_compute_steps: 0",
+    ),
+    (
+        lambda: modopt.scale_by_shampoo(statistics_compute_steps=0),
+        ValueError,
+        r"Invalid statistics_compute_steps: 0",
+    ),
     (lambda: modopt.scale_by_shampoo(matrix_epsilon=-1e-6), ValueError, r"Invalid matrix_epsilon: -1e-06"),
-    (lambda: modopt.scale_by_shampoo(clip_by_scaled_gradient_norm=0.0), ValueError, r"Invalid clip_by_scaled_gradient_norm: 0.0"),
-    (lambda: modopt.scale_by_shampoo(merge_small_dims_block_size=0), ValueError, r"Invalid merge_small_dims_block_size: 0"),
+    (
+        lambda: modopt.scale_by_shampoo(clip_by_scaled_gradient_norm=0.0),
+        ValueError,
+        r"Invalid clip_by_scaled_gradient_norm: 0.0",
+    ),
+    (
+        lambda: modopt.scale_by_shampoo(merge_small_dims_block_size=0),
+        ValueError,
+        r"Invalid merge_small_dims_block_size: 0",
+    ),
 ]
 
 

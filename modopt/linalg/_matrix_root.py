@@ -141,7 +141,11 @@ def matrix_inverse_pth_root(
                 f"Invalid padding_start: {int(np.asarray(padding_start))} (must be at most the matrix size "
                 f"{matrix.shape[0]}) in {where}."
             )
-    if isinstance(max_retries, (bool, np.bool_)) or not isinstance(max_retries, (int, np.integer)) or max_retries < 0:
+    if (
+        isinstance(max_retries, (bool, np.bool_))
+        or not isinstance(max_retries, (int, np.integer))
+        or max_retries < 0
+    ):
         raise ValueError(f"Invalid max_retries: {max_retries!r} (must be a Python integer >= 0) in {where}.")
     number("retry_error_threshold", retry_error_threshold, where, least=0)
 
@@ -236,7 +240,9 @@ def _inverse_pth_root(
             return step + 1, new_m, new_h, new_error, h, error, new_error < _GROWTH * error
 
         start = (jnp.asarray(0), m0, h0, error0, h0, error0, jnp.asarray(True))
-        _, _, h, error, previous_h, previous_error, improving = jax.lax.while_loop(keep_going, newton_step, start)
+        _, _, h, error, previous_h, previous_error, improving = jax.lax.while_loop(
+            keep_going, newton_step, start
+        )
         return jnp.where(improving, h, previous_h), jnp.where(improving, error, previous_error)
 
     root, error = newton(ridge)

@@ -8,7 +8,17 @@ import jax
 
 from .. import fields
 from .._base import AbstractComposite
-from .._fields import FINITE, NONNEGATIVE, NONNEGATIVE_INTEGER, POSITIVE, POSITIVE_INTEGER, UNIT, choice, hyperparameter, static
+from .._fields import (
+    FINITE,
+    NONNEGATIVE,
+    NONNEGATIVE_INTEGER,
+    POSITIVE,
+    POSITIVE_INTEGER,
+    UNIT,
+    choice,
+    hyperparameter,
+    static,
+)
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate

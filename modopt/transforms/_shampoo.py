@@ -29,7 +29,15 @@ from ..linalg import matrix_inverse_pth_root
 
 GRAFT_TYPES = ("sgd", "adagrad", "rmsprop", "rmsprop_normalized", "adagrad_normalized", "sqrt_n", "none")
 # The reference's `GraftingType` numbers, so `graft_type=GraftingType.ADAGRAD` ports unchanged.
-_GRAFT_NUMBERS = {0: "none", 1: "sgd", 2: "adagrad", 3: "rmsprop", 4: "rmsprop_normalized", 5: "sqrt_n", 6: "adagrad_normalized"}
+_GRAFT_NUMBERS = {
+    0: "none",
+    1: "sgd",
+    2: "adagrad",
+    3: "rmsprop",
+    4: "rmsprop_normalized",
+    5: "sqrt_n",
+    6: "adagrad_normalized",
+}
 _DIAGONAL_GRAFTS = ("adagrad", "rmsprop", "rmsprop_normalized", "adagrad_normalized")
 _TINY = 1e-25  # keeps norms' quotients finite (the reference's constant)
 _RETRIES = 5  # restarts of an inverse root with 10x the damping while its error exceeds 0.05
@@ -253,7 +261,11 @@ class ScaleByShampoo(AbstractTransform):
         )
         if skip:
             return None
-        merged = merge_small_dims(shape, self.merge_small_dims_block_size) if self.best_effort_shape_interpretation else shape
+        merged = (
+            merge_small_dims(shape, self.merge_small_dims_block_size)
+            if self.best_effort_shape_interpretation
+            else shape
+        )
         if not merged:
             return None
         b = self.block_size
@@ -341,7 +353,9 @@ class ScaleByShampoo(AbstractTransform):
             precond = None
             if layouts[i] is not None:
                 precond = layouts[i].merge(_precondition(blocks[i], preconditioners[i]), g.shape)
-            out.append(self._one(g, precond, param_leaves[i], diagonal[i], diagonal_momentum[i], momentum[i], count))
+            out.append(
+                self._one(g, precond, param_leaves[i], diagonal[i], diagonal_momentum[i], momentum[i], count)
+            )
         new_updates, new_diagonal, new_diagonal_momentum, new_momentum = (
             treedef.unflatten([o[j] for o in out]) for j in range(4)
         )
@@ -388,9 +402,9 @@ class ScaleByShampoo(AbstractTransform):
         def compute(stacked, old):
             new = []
             for (_, p, padded), stats, previous, sizes in zip(keys, stacked, old, valid):
-                roots, errors = jax.vmap(lambda m, n, p=p, padded=padded: self._root(m, p, n if padded else None))(
-                    stats, jnp.asarray(sizes)
-                )
+                roots, errors = jax.vmap(
+                    lambda m, n, p=p, padded=padded: self._root(m, p, n if padded else None)
+                )(stats, jnp.asarray(sizes))
                 failed = jnp.isnan(errors) | (errors >= self.inverse_failure_threshold)
                 new.append(jnp.where(failed[:, None, None], previous, roots))
             return new
@@ -496,7 +510,9 @@ def check_static_ints(tx: Any) -> None:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"Invalid {name}: {value!r} (must be a Python integer) in {type(tx).__name__}.")
         if least is not None and value < least:
-            raise ValueError(f"Invalid {name}: {value} (must be an integer >= {least}) in {type(tx).__name__}.")
+            raise ValueError(
+                f"Invalid {name}: {value} (must be an integer >= {least}) in {type(tx).__name__}."
+            )
 
 
 scale_by_shampoo = ScaleByShampoo

@@ -28,7 +28,11 @@ ENTRIES: list[Entry] = [
     Entry(
         "shampoo",
         lambda: modopt.shampoo(
-            0.02, block_size=32, start_preconditioning_step=1, preconditioning_compute_steps=2, graft_type="rmsprop"
+            0.02,
+            block_size=32,
+            start_preconditioning_step=1,
+            preconditioning_compute_steps=2,
+            graft_type="rmsprop",
         ),
         None,
         ("learning_rate", 0.01),

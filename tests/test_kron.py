@@ -375,3 +375,8 @@ def test_state_bytes_for_a_1024_matrix():
 def test_bad_hyperparameters(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         modopt.kron(**kwargs)
+
+
+def test_complex_parameters_are_refused_with_their_path():
+    with pytest.raises(TypeError, match=r"\['w'\] is complex"):
+        modopt.kron().init({"w": jnp.ones((2, 2), jnp.complex64)})

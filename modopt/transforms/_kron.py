@@ -43,8 +43,8 @@ class PrecondUpdateProbSchedule(AbstractSchedule):
 
     Example:
         >>> schedule = modopt.precond_update_prob_schedule()
-        >>> float(schedule(0)), float(schedule(10_000))
-        (1.0, 0.03)
+        >>> [round(float(schedule(n)), 3) for n in (0, 500, 2800, 10_000)]
+        [1.0, 1.0, 0.1, 0.03]
 
     Reference: `kron_torch.precond_update_prob_schedule` (Evan Walters), https://github.com/evanatyourservice/kron_torch
     """
@@ -242,6 +242,13 @@ class ScaleByKron(AbstractTransform):
 
     def init(self, params):
         dtype = self._dtype()
+        for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
+            if jnp.iscomplexobj(p):
+                raise TypeError(
+                    f"scale_by_kron: the parameter at {jax.tree_util.keystr(path)} is complex "
+                    f"({jnp.result_type(p)}); PSGD Kron's triangular factors are real. Split it into real "
+                    "and imaginary parts."
+                )
 
         def factors(p):
             layout = self.layout(jnp.shape(p))

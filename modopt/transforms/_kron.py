@@ -158,12 +158,15 @@ class ScaleByKron(AbstractTransform):
        / lb(A_i A_i^T + B_i B_i^T)`, `lb` a lower bound of the spectral norm (a diagonal factor
        uses the diagonals and the largest entry). This descends Li's criterion
        `E[g^T P g + v^T P^{-1} v]`, whose minimum whitens the gradients: `P = E[g g^T]^{-1/2}`.
-       With the same coin's key, one update in about `1 / balance_prob` first rescales the
-       factors to equal largest entries (`P` unchanged).
+       With probability `balance_prob` (another coin), an update first rescales the factors
+       to equal largest entries (`P` unchanged).
     3. `update = P m_hat`, scaled down to an RMS of at most 1.1.
 
-    The key is a state leaf: runs are reproducible and a checkpoint resumes bit for bit. The
-    update itself is under `lax.cond`, so a skipped update costs nothing under `jit`.
+    Randomness: each step splits the state's key into four, the next step's key, the update
+    coin (`uniform(key) < p`, with `p` the probability at the step count before this step),
+    the balance coin, and the probes' key (split once per parameter, in the order of the
+    leaves). The key is a state leaf: runs are reproducible and a checkpoint resumes bit for
+    bit. The factors' update is under `lax.cond`: under `jit` a skipped update costs nothing.
 
     Checked against `kron_torch.Kron` 0.3.3 (tests/test_kron.py: 8 steps, the same probes fed to
     both) and a NumPy float64 implementation of the update from the paper. Departures:
@@ -172,7 +175,9 @@ class ScaleByKron(AbstractTransform):
     adds the damping to the momentum in place, so its preconditioned step sees the damped
     momentum; here (as in psgd_jax and Li's psgd_torch) it sees `m_hat` itself. The momentum is
     kept in the parameter's shape (the reference keeps the merged one); a scalar is a
-    one-element diagonal.
+    one-element diagonal (kron_torch cannot take 0-d parameters). Matrix products run at JAX's
+    default precision; for full float32 factors on GPU or TPU, trace the step under
+    `jax.default_matmul_precision("float32")`.
 
     Args:
         b1: the decay rate of the momentum, in [0, 1).

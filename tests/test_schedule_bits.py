@@ -10,8 +10,8 @@ its constants, so modopt writes its traced formulas in the folded form (see
 
 The two places where modopt's values are not optax's, each checked precisely:
 
-- Past the end of a polynomial transition, optax's jitted `1 - t * (1 / steps)` can round to
-  -1e-7, so its value lies a rounding beyond `end_value` (below 0 for a decay to 0, NaN for a
+- From the end of a polynomial transition on, optax's jitted `1 - t * (1 / steps)` rounds to
+  +-1e-7, so its value is a rounding off `end_value` (below 0 for a decay to 0, NaN for a
   fractional power): modopt's value there is `end_value` exactly (optax's eager value).
 - `piecewise_interpolate_schedule("linear", ...)` and `linear_onecycle_schedule`: optax's own
   jitted values differ between a scalar count and a vmapped one (XLA folds the constant
@@ -32,17 +32,17 @@ import modopt
 STEPS = 300
 COUNTS = jnp.arange(STEPS, dtype=jnp.int32)
 
-# (id, builder taking the library, polynomial-family end: (init, end) where the clamp applies)
+# (id, builder taking the library, for a polynomial: (end_value, the step its transition ends))
 CONFIGS = [
     ("constant", lambda lib: lib.constant_schedule(0.1), None),
-    ("linear_up", lambda lib: lib.linear_schedule(0.001, 0.1, 100), (0.001, 0.1)),
-    ("linear_down_begin", lambda lib: lib.linear_schedule(0.1, 0.001, 250, 7), (0.1, 0.001)),
-    ("linear_to_zero", lambda lib: lib.linear_schedule(3e-4, 0.0, 130, 11), (3e-4, 0.0)),
-    ("polynomial_int2", lambda lib: lib.polynomial_schedule(0.3, 0.01, 2, 100, 5), (0.3, 0.01)),
-    ("polynomial_int7", lambda lib: lib.polynomial_schedule(0.3, 0.01, 7, 100, 5), (0.3, 0.01)),
-    ("polynomial_float2", lambda lib: lib.polynomial_schedule(0.3, 0.01, 2.0, 100), (0.3, 0.01)),
-    ("polynomial_sqrt", lambda lib: lib.polynomial_schedule(0.5, 2.0, 0.5, 7), (0.5, 2.0)),
-    ("polynomial_frac", lambda lib: lib.polynomial_schedule(0.3, 0.01, 1.5, 100, 5), (0.3, 0.01)),
+    ("linear_up", lambda lib: lib.linear_schedule(0.001, 0.1, 100), (0.1, 100)),
+    ("linear_down_begin", lambda lib: lib.linear_schedule(0.1, 0.001, 250, 7), (0.001, 257)),
+    ("linear_to_zero", lambda lib: lib.linear_schedule(3e-4, 0.0, 130, 11), (0.0, 141)),
+    ("polynomial_int2", lambda lib: lib.polynomial_schedule(0.3, 0.01, 2, 100, 5), (0.01, 105)),
+    ("polynomial_int7", lambda lib: lib.polynomial_schedule(0.3, 0.01, 7, 100, 5), (0.01, 105)),
+    ("polynomial_float2", lambda lib: lib.polynomial_schedule(0.3, 0.01, 2.0, 100), (0.01, 100)),
+    ("polynomial_sqrt", lambda lib: lib.polynomial_schedule(0.5, 2.0, 0.5, 7), (2.0, 7)),
+    ("polynomial_frac", lambda lib: lib.polynomial_schedule(0.3, 0.01, 1.5, 100, 5), (0.01, 105)),
     ("cosine", lambda lib: lib.cosine_decay_schedule(0.1, 250), None),
     ("cosine_alpha_exp2", lambda lib: lib.cosine_decay_schedule(0.1, 250, 0.01, 2.0), None),
     ("cosine_sqrt", lambda lib: lib.cosine_decay_schedule(0.3, 77, 0.123, 0.5), None),
@@ -54,7 +54,7 @@ CONFIGS = [
         lambda lib: lib.warmup_cosine_decay_schedule(0.1, 0.7, 0, 200, 0.03, 3.0),
         None,
     ),
-    ("warmup_constant", lambda lib: lib.warmup_constant_schedule(1e-5, 3e-4, 50), (1e-5, 3e-4)),
+    ("warmup_constant", lambda lib: lib.warmup_constant_schedule(1e-5, 3e-4, 50), (3e-4, 50)),
     ("exponential", lambda lib: lib.exponential_decay(0.1, 10, 0.9), None),
     ("exponential_staircase", lambda lib: lib.exponential_decay(0.1, 10, 0.9, 5, True, 0.01), None),
     ("exponential_growth", lambda lib: lib.exponential_decay(0.1, 7, 1.1, 0, False, 0.5), None),
@@ -93,7 +93,7 @@ CONFIGS = [
         lambda lib: lib.join_schedules(
             [lib.constant_schedule(0.1), lib.linear_schedule(0.1, 0.01, 50)], [30]
         ),
-        None,
+        (0.01, 80),  # its linear piece ends at step 30 + 50
     ),
 ]
 # optax's vmapped jitted values differ from its scalar ones here (see the module docstring).
@@ -115,14 +115,17 @@ def per_step(fn, stride: int = 1) -> np.ndarray:
 
 
 def clamped(theirs: np.ndarray, ends: tuple[float, float] | None) -> np.ndarray:
-    """optax's values with those a rounding beyond `end_value` (on the far side from
-    `init_value`) replaced by `end_value`: modopt's at the end of a polynomial transition."""
+    """optax's values with those off `end_value` by a rounding at the end of a polynomial
+    transition (after its last step) replaced by `end_value`: modopt's there."""
     if ends is None:
         return theirs
-    init, end = np.float32(ends[0]), np.float32(ends[1])
+    end, last = np.float32(ends[0]), ends[1]
     values = theirs.view(np.float32)
-    beyond = ~np.isfinite(values) | ((values - end) * (init - end) < 0)
-    return np.where(beyond, np.asarray(end, np.float32).view(np.int32), theirs)
+    after = np.arange(values.size) >= last
+    off = after & (values != end)
+    scale = np.max(np.abs(values[np.isfinite(values)]))  # a rounding is relative to the values' size
+    assert np.all(~np.isfinite(values[off]) | (np.abs(values[off] - end) <= 1e-6 * scale))
+    return np.where(off, np.asarray(end, np.float32).view(np.int32), theirs)
 
 
 def assert_bits(ours: np.ndarray, theirs: np.ndarray, where: str) -> None:

@@ -66,7 +66,9 @@ class PolynomialSchedule(AbstractSchedule):
     A non-positive `transition_steps` gives the constant `init_value`; a negative
     `transition_begin` counts as 0. `init_value - end_value` is computed as optax computes it,
     from the numbers as given (see `modopt.schedules._exact`), so the values are optax's to
-    the bit.
+    the bit; from the end of the transition on, the value is `end_value` exactly, where optax's
+    jitted schedule can be a rounding off it (below 0 for a decay to 0, NaN for a fractional
+    `power`).
 
     Args:
         init_value: the value up to `transition_begin`.
@@ -106,10 +108,10 @@ class PolynomialSchedule(AbstractSchedule):
         steps = jnp.where(self.transition_steps <= 0, 1, self.transition_steps)
         t = jnp.clip(count - begin, 0, steps)
         span = self.span.get(operator.sub, self.init_value, self.end_value)
-        # Past the end `1 - t * (1 / steps)` (optax's form under `jit`) can round to -1e-7: the
-        # value is then `end_value` exactly, where optax's jitted schedule overshoots it by a
-        # rounding (below 0 when decaying to 0; NaN for a fractional power).
-        remaining = jnp.maximum(1 - divide(t, steps), 0)
+        # From the end of the transition on the value is `end_value` exactly. optax's jitted
+        # schedule computes `1 - t * (1 / steps)` there, which rounds to +-1e-7: a value a
+        # rounding off `end_value` (below 0 for a decay to 0, NaN for a fractional power).
+        remaining = jnp.where(t >= steps, 0, 1 - divide(t, steps))
         decayed = span * power(remaining, self.power) + self.end_value
         return jnp.where(self.transition_steps <= 0, self.init_value, decayed)
 

@@ -243,6 +243,8 @@ class AccumulateAvgUpdates(AbstractTransform):
         accumulation_steps: the number of micro-batches averaged, an integer >= 2 (static).
     """
 
+    elementwise_updates = True
+
     accumulation_steps: int = static()
 
     def __check_init__(self):

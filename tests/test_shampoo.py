@@ -481,6 +481,13 @@ def test_params_needed_only_for_weight_decay():
         decayed.update(grads, decayed.init(grads))
 
 
+def test_complex_updates_are_refused():
+    params = {"z": jnp.ones((3, 4), jnp.complex64)}
+    tx = modopt.scale_by_shampoo(4)
+    with pytest.raises(TypeError, match=r"takes real updates; the update at \['z'\] has dtype complex64"):
+        tx.update(params, tx.init(params))
+
+
 BAD = [
     (
         lambda: modopt.shampoo(0.1, beta2=1.5),

@@ -330,6 +330,13 @@ class ScaleByShampoo(AbstractTransform):
         count = state.count
         treedef = jax.tree_util.tree_structure(state.momentum)
         grads = treedef.flatten_up_to(updates)
+        for (path, _), g in zip(jax.tree_util.tree_flatten_with_path(state.momentum)[0], grads):
+            if g is not None and jnp.iscomplexobj(g):
+                raise TypeError(
+                    f"scale_by_shampoo takes real updates; the update at {jax.tree_util.keystr(path)} has dtype "
+                    f"{g.dtype}. Split complex parameters into real and imaginary parts first "
+                    "(`modopt.experimental.split_real_and_imaginary`)."
+                )
         param_leaves = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
         columns = [
             treedef.flatten_up_to(x)

@@ -66,8 +66,13 @@ class Derived(eqx.Module):
 
 def derive(fn: Callable[..., Any], *given: Any, convert: Callable[[Any], Any] = as_hyperparameter) -> Derived:
     """`fn(*given)` on the numbers as given (Python floats: in double precision, as optax), made a
-    leaf by `convert`, with the hyperparameters `given` becomes."""
-    return Derived(convert(fn(*given)), tuple(as_hyperparameter(x) for x in given))
+    leaf by `convert`, with the hyperparameters `given` becomes. Numbers that are not numbers
+    (`None`, a string) derive nothing: the schedule's validation then names them."""
+    try:
+        value = convert(fn(*given))
+    except (TypeError, ValueError):
+        value = None
+    return Derived(value, tuple(as_hyperparameter(x) for x in given))
 
 
 def is_traced(*values: Any) -> bool:

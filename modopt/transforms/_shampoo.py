@@ -88,9 +88,6 @@ class _Layout(NamedTuple):
     def blocks(self) -> int:
         return math.prod(self.counts)
 
-    def padded(self, dim: int) -> bool:
-        return bool(np.any(self.valid[dim] < self.sizes[dim]))
-
     def split(self, x: jax.Array) -> jax.Array:
         """A parameter-shaped array as its stack of blocks, `(blocks, *sizes)`."""
         x = x.reshape(self.shape)
@@ -391,14 +388,15 @@ class ScaleByShampoo(AbstractTransform):
     def _preconditioners(self, statistics, preconditioners, layouts, count):
         """The preconditioners, recomputed every `preconditioning_compute_steps` steps.
 
-        Statistics of one block size, root and padding are stacked, so one batched inverse
-        root serves them all."""
+        Statistics of one block size and root are stacked, so one batched inverse root serves
+        them all (with each block's true size as its padding start, where some are padded: a
+        full block's mask is all ones, which changes none of its numbers)."""
         groups: dict[tuple, list] = {}
         for i, layout in enumerate(layouts):
             if layout is None:
                 continue
             for j, size in enumerate(layout.sizes):
-                groups.setdefault((size, self.exponent(layout), layout.padded(j)), []).append((i, j))
+                groups.setdefault((size, self.exponent(layout)), []).append((i, j))
         if not groups:
             return preconditioners
         keys = list(groups)
@@ -408,7 +406,8 @@ class ScaleByShampoo(AbstractTransform):
 
         def compute(stacked, old):
             new = []
-            for (_, p, padded), stats, previous, sizes in zip(keys, stacked, old, valid):
+            for (size, p), stats, previous, sizes in zip(keys, stacked, old, valid):
+                padded = bool(np.any(sizes < size))
                 roots, errors = jax.vmap(
                     lambda m, n, p=p, padded=padded: self._root(m, p, n if padded else None)
                 )(stats, jnp.asarray(sizes))

@@ -15,14 +15,49 @@ import modopt
 README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 
 
+NAMESPACES_TABLE = "optax 0.2.8's namespaces, each under the same name in modopt"
+
+
+def _included_section() -> str:
+    return open(README).read().split("## What's included", 1)[1].split("\n## ", 1)[0]
+
+
+def _table_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+
+
 def test_the_table_lists_every_public_name_and_no_other():
-    text = open(README).read()
-    section = text.split("## What's included", 1)[1].split("\n## ", 1)[0]
-    table = "\n".join(line for line in section.splitlines() if line.startswith("| ") and "---" not in line)
+    section = _included_section().split(NAMESPACES_TABLE, 1)[0]
+    table = "\n".join(_table_rows(section))
     listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", table))
     public = {n for n in dir(modopt) if not n.startswith("_") and not isinstance(getattr(modopt, n), types.ModuleType)}
     assert public - listed == set(), f"public names missing from the README table: {sorted(public - listed)}"
     assert listed - public == set(), f"names in the README table that modopt lacks: {sorted(listed - public)}"
+
+
+def test_the_namespaces_table_names_what_its_namespaces_hold():
+    """Each row of the namespaces table names modopt's subpackages in its first cell; every
+    name in its second cell is in one of them (or at the top level, for the schedules row)."""
+    rows = _table_rows(_included_section().split(NAMESPACES_TABLE, 1)[1])[1:]  # after the header
+    assert len(rows) >= 8
+    for row in rows:
+        namespaces_cell, names_cell = row.strip("| ").split(" | ", 1)
+        namespaces = [getattr(modopt, n.split(".", 1)[1]) for n in re.findall(r"`(modopt\.[a-z_]+)`", namespaces_cell)]
+        assert namespaces, row
+        for name in re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", names_cell):
+            if name.startswith("modopt."):
+                assert _resolves(name), f"{name} does not exist"
+            else:
+                assert any(hasattr(ns, name) for ns in [*namespaces, modopt]), f"{name}: not in {namespaces_cell}"
+
+
+def _resolves(dotted: str) -> bool:
+    obj = modopt
+    for part in dotted.split(".")[1:]:
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
 
 
 def test_the_adding_a_transform_example_runs():

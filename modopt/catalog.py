@@ -140,7 +140,7 @@ def _report(catalog: dict[str, tuple[str, ...]], width: int) -> None:
     for family, names in catalog.items():
         found = sum(name not in absent for name in names)
         bar = "#" * round(width * found / len(names))
-        print(f"  {family:<28} {bar:<{width}} {found:>3}/{len(names)}")
+        print(f"  {family:<32} {bar:<{width}} {found:>3}/{len(names)}")
     total = sum(len(names) for names in catalog.values())
-    print(f"  {'all':<28} {'':<{width}} {total - len(absent):>3}/{total}")
+    print(f"  {'all':<32} {'':<{width}} {total - len(absent):>3}/{total}")
     print("  missing: " + (", ".join(absent) if absent else "none"))

@@ -7,12 +7,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState, require_params
-from .._numerics import safe_increment
-from .._trees import map_updates
-from ..combinators._masked import Masked
-from ..schedules._base import ScalarOrSchedule, is_schedule
-from ._weight_decay import WeightDecaySchedule
+from .._base import AbstractTransform
+from ..schedules._base import ScalarOrSchedule
+from ._weight_decay import decay_init, decay_update
 
 
 class AddCautiousDecayedWeights(AbstractTransform):
@@ -47,30 +44,19 @@ class AddCautiousDecayedWeights(AbstractTransform):
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
-    def _as_masked(self) -> Masked:
-        return Masked(AddCautiousDecayedWeights(self.weight_decay), self.mask)
-
     def acts_elementwise(self) -> bool:
         return self.mask is None
 
     def init(self, params):
-        if self.mask is not None:
-            return self._as_masked().init(params)
-        if is_schedule(self.weight_decay):
-            return WeightDecaySchedule(count=jnp.zeros([], jnp.int32))
-        return EmptyState()
+        return decay_init(self, params)
 
     def update(self, updates, state, params=None, **extra_args):
-        if self.mask is not None:
-            return self._as_masked().update(updates, state, params, **extra_args)
-        require_params(params, self)
-        if is_schedule(self.weight_decay):
-            decay = self.weight_decay(state.count)
-            state = WeightDecaySchedule(count=safe_increment(state.count))
-        else:
-            decay = self.weight_decay
-        updates = map_updates(lambda u, p: u + jnp.where(u * p >= 0, decay * p, 0).astype(u.dtype), updates, params)
-        return updates, state
+        return decay_update(self, updates, state, params, extra_args, _cautious)
+
+
+def _cautious(u: Any, p: Any, decay: Any) -> Any:
+    """`u + decay * p` where `u` and `p` share a sign (`u * p >= 0`), else `u`."""
+    return u + jnp.where(u * p >= 0, decay * p, 0).astype(u.dtype)
 
 
 add_cautious_decayed_weights = AddCautiousDecayedWeights

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,37 @@ class WeightDecaySchedule(NamedTuple):
     """The step count of a scheduled weight decay."""
 
     count: jax.Array  # int32 scalar
+
+
+def decay_init(tx: Any, params: Any) -> Any:
+    """The state of a weight decay `tx` (a transform with fields `weight_decay` and `mask`):
+    its masked state with a mask, the step count of a scheduled decay, else empty."""
+    if tx.mask is not None:
+        return _unmasked_under_mask(tx).init(params)
+    if is_schedule(tx.weight_decay):
+        return WeightDecaySchedule(count=jnp.zeros([], jnp.int32))
+    return EmptyState()
+
+
+def decay_update(
+    tx: Any, updates: Any, state: Any, params: Any, extra_args: dict, rule: Callable[[Any, Any, Any], Any]
+) -> tuple[Any, Any]:
+    """The step of a weight decay `tx` (see `decay_init`): `rule(update, param, decay)` on each
+    leaf, with `decay` the coefficient at this step; through `masked` when `tx` has a mask."""
+    if tx.mask is not None:
+        return _unmasked_under_mask(tx).update(updates, state, params, **extra_args)
+    require_params(params, tx)
+    if is_schedule(tx.weight_decay):
+        decay = tx.weight_decay(state.count)
+        state = WeightDecaySchedule(count=safe_increment(state.count))
+    else:
+        decay = tx.weight_decay
+    return map_updates(lambda u, p: rule(u, p, decay), updates, params), state
+
+
+def _unmasked_under_mask(tx: Any) -> Masked:
+    """`tx` without its mask, applied through `masked` with it."""
+    return Masked(type(tx)(tx.weight_decay), tx.mask)
 
 
 class AddDecayedWeights(AbstractTransform):
@@ -42,30 +73,14 @@ class AddDecayedWeights(AbstractTransform):
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
-    def _as_masked(self) -> Masked:
-        return Masked(AddDecayedWeights(self.weight_decay), self.mask)
-
     def acts_elementwise(self) -> bool:
         return self.mask is None  # a mask picks leaves, which grouping would merge
 
     def init(self, params):
-        if self.mask is not None:
-            return self._as_masked().init(params)
-        if is_schedule(self.weight_decay):
-            return WeightDecaySchedule(count=jnp.zeros([], jnp.int32))
-        return EmptyState()
+        return decay_init(self, params)
 
     def update(self, updates, state, params=None, **extra_args):
-        if self.mask is not None:
-            return self._as_masked().update(updates, state, params, **extra_args)
-        require_params(params, self)
-        if is_schedule(self.weight_decay):
-            decay = self.weight_decay(state.count)
-            state = WeightDecaySchedule(count=safe_increment(state.count))
-        else:
-            decay = self.weight_decay
-        updates = map_updates(lambda g, p: g + decay * p, updates, params)
-        return updates, state
+        return decay_update(self, updates, state, params, extra_args, lambda g, p, decay: g + decay * p)
 
 
 add_decayed_weights = AddDecayedWeights

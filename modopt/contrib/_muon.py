@@ -19,8 +19,8 @@ from .._moments import update_moment
 from .._numerics import safe_increment
 from .._specs import REPLICATED
 from .._trees import cast, zeros_like
-from ..combinators import Chain, Partition
-from ..optimizers._adam import AdamW
+from ..combinators import Chain
+from ..optimizers._muon_variants import muon_partition
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._adam import debiased_mu
@@ -237,9 +237,6 @@ class Muon(AbstractComposite):
 
     def build(self):
         dims = self.muon_weight_dimension_numbers
-        adam_learning_rate = (
-            self.learning_rate if self.adam_learning_rate is None else self.adam_learning_rate
-        )
         muon_part = Chain(
             ScaleByMuon(
                 self.ns_coeffs,
@@ -256,17 +253,8 @@ class Muon(AbstractComposite):
             AddDecayedWeights(self.weight_decay, self.weight_decay_mask),
             ScaleByLearningRate(self.learning_rate),
         )
-        adam_part = AdamW(
-            adam_learning_rate,
-            self.adam_b1,
-            self.adam_b2,
-            self.eps,
-            self.adam_eps_root,
-            self.mu_dtype,
-            self.adam_weight_decay,
-            nesterov=self.nesterov,
-        )
-        return Partition({"muon": muon_part, "adam": adam_part}, MuonLabels(dims))
+        # Adam's Nesterov momentum follows `nesterov` here (optax's); the variants have `adam_nesterov`.
+        return muon_partition(self, muon_part, self.nesterov, "muon")
 
 
 scale_by_muon = ScaleByMuon

@@ -29,15 +29,12 @@ from ..transforms._newton_schulz import (
 from ._adam import AdamW
 
 
-def _split(matrices: Any, adam: AdamW, dims: Any, owner: str) -> Partition:
-    """The matrix part for the weights the dimension numbers select, AdamW for the others."""
-    return Partition({"muon": matrices, "adam": adam}, MuonLabels(dims, owner))
-
-
-def _adam_part(tx: Any) -> AdamW:
-    """AdamW from the `adam_*` fields of `tx` (its learning rate `learning_rate` unless given)."""
+def muon_partition(tx: Any, matrices: Any, nesterov: bool, owner: str) -> Partition:
+    """Muon's split (also `modopt.contrib.muon`'s): `matrices` for the weights that the
+    dimension numbers of `tx` select, AdamW for the others, built from the `adam_*` fields of
+    `tx` with its `eps` and `mu_dtype` (its learning rate `learning_rate` unless given)."""
     learning_rate = tx.learning_rate if tx.adam_learning_rate is None else tx.adam_learning_rate
-    return AdamW(
+    adam = AdamW(
         learning_rate,
         tx.adam_b1,
         tx.adam_b2,
@@ -45,8 +42,10 @@ def _adam_part(tx: Any) -> AdamW:
         tx.adam_eps_root,
         tx.mu_dtype,
         tx.adam_weight_decay,
-        nesterov=tx.adam_nesterov,
+        nesterov=nesterov,
     )
+    dims = tx.muon_weight_dimension_numbers
+    return Partition({"muon": matrices, "adam": adam}, MuonLabels(dims, owner))
 
 
 class NorMuon(AbstractComposite):
@@ -156,7 +155,7 @@ class NorMuon(AbstractComposite):
             AddDecayedWeights(self.weight_decay, self.weight_decay_mask),
             ScaleByLearningRate(self.learning_rate),
         )
-        return _split(matrices, _adam_part(self), dims, "normuon")
+        return muon_partition(self, matrices, self.adam_nesterov, "normuon")
 
 
 class AdaMuon(AbstractComposite):
@@ -265,7 +264,7 @@ class AdaMuon(AbstractComposite):
             AddDecayedWeights(self.weight_decay, self.weight_decay_mask),
             ScaleByLearningRate(self.learning_rate),
         )
-        return _split(matrices, _adam_part(self), dims, "adamuon")
+        return muon_partition(self, matrices, self.adam_nesterov, "adamuon")
 
 
 normuon = NorMuon

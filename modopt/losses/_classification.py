@@ -34,14 +34,7 @@ def hinge_loss(predictor_outputs: Any, targets: Any) -> jax.Array:
     https://doi.org/10.1007/BF00994018
     """
     loss = "hinge_loss"
-    scores = _inputs.floating(loss, "predictor_outputs", predictor_outputs)
-    targets = _inputs.real(
-        loss,
-        "targets",
-        targets,
-        allow_bool=False,
-        hint="targets must be -1 or +1; map {0, 1} labels with `2 * labels - 1`",
-    )
+    scores, targets = _inputs.scores_and_signs(loss, predictor_outputs, targets)
     _inputs.broadcast(loss, "predictor_outputs", scores, "targets", targets)
     return jnp.maximum(0, 1 - scores * targets)
 

@@ -70,6 +70,20 @@ def real(loss: str, name: str, value: Any, *, allow_bool: bool = True, hint: str
     return x
 
 
+def scores_and_signs(loss: str, predictor_outputs: Any, targets: Any) -> tuple[jax.Array, jax.Array]:
+    """Checked floating `predictor_outputs` and real `targets` in {-1, +1} (booleans refused),
+    for the binary margin losses (their shapes are checked by the caller)."""
+    scores = floating(loss, "predictor_outputs", predictor_outputs)
+    targets = real(
+        loss,
+        "targets",
+        targets,
+        allow_bool=False,
+        hint="targets must be -1 or +1; map {0, 1} labels with `2 * labels - 1`",
+    )
+    return scores, targets
+
+
 def integer(loss: str, name: str, value: Any, hint: str = "") -> jax.Array:
     """`value` as an array of an integer dtype (class indices)."""
     x = as_array(loss, name, value)

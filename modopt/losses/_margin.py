@@ -35,14 +35,7 @@ def perceptron_loss(predictor_outputs: Any, targets: Any) -> jax.Array:
     storage and organization in the brain", https://doi.org/10.1037/h0042519
     """
     loss = "perceptron_loss"
-    scores = _inputs.floating(loss, "predictor_outputs", predictor_outputs)
-    targets = _inputs.real(
-        loss,
-        "targets",
-        targets,
-        allow_bool=False,
-        hint="targets must be -1 or +1; map {0, 1} labels with `2 * labels - 1`",
-    )
+    scores, targets = _inputs.scores_and_signs(loss, predictor_outputs, targets)
     _inputs.same_shape(loss, "predictor_outputs", scores, "targets", targets)
     return jnp.maximum(0, -scores * targets)
 

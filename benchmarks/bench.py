@@ -376,13 +376,13 @@ def _same(name: str, *args: Any, **kwargs: Any):
 
 
 def _quiet(make: Callable[[], Any]) -> Any:
-    """Builds an optax transform that warns about a deprecation."""
+    """Builds a transform that warns about a deprecation (optax's, or modopt's own alias of it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return make()
 
 
-# Every named optimizer (the lowercase constructors of `modopt.optimizers`), with its optax
+# Every named optimizer optax also has (the lowercase constructors of `modopt.optimizers`), with its optax
 # counterpart built alike, and the extra work a step needs (`None`: none; else a function of
 # `(params, grads)` giving the gradients and extra arguments `update` takes).
 CATALOG: dict[str, tuple[Callable[[], Any], Callable[[], Any], Callable | None]] = {
@@ -391,11 +391,11 @@ CATALOG: dict[str, tuple[Callable[[], Any], Callable[[], Any], Callable | None]]
         for name in (
             "adabelief", "adadelta", "adafactor", "adagrad", "adam", "adamax", "adamaxw", "adamw", "adan",
             "amsgrad", "fromage", "lamb", "lars", "lion", "nadam", "nadamw", "novograd", "optimistic_adam_v2",
-            "optimistic_gradient_descent", "radam", "rmsprop", "rprop", "sgd", "sign_sgd", "sm3", "yogi",
+            "optimistic_gradient_descent", "radam", "rmsprop", "rprop", "sgd", "sign_sgd", "signum", "sm3", "yogi",
         )
     },
     "optimistic_adam": (
-        lambda: modopt.optimistic_adam(1e-3, optimism=1e-3),
+        lambda: _quiet(lambda: modopt.optimistic_adam(1e-3, optimism=1e-3)),
         lambda: _quiet(lambda: optax.optimistic_adam(1e-3, optimism=1e-3)),
         None,
     ),

@@ -45,6 +45,10 @@ def test_benchmark_smoke_run(capsys, tmp_path):
 
 
 def test_catalog_covers_every_named_optimizer():
-    """Every lowercase optimizer constructor has a row (with its optax counterpart) in the full run."""
+    """Every lowercase optimizer constructor that optax also has gets a row (with its optax
+    counterpart) in the full run; the optimizers optax lacks (soap, kron...) have none."""
+    import optax
+
     names = {n for n in dir(modopt.optimizers) if n[0].islower() and callable(getattr(modopt.optimizers, n))}
-    assert names == set(bench.CATALOG)
+    in_optax = set(dir(optax)) | set(dir(optax.contrib))  # dpsgd is in optax.contrib
+    assert names & in_optax == set(bench.CATALOG)

@@ -120,3 +120,12 @@ def _integer_power(x: jax.Array, n: jax.Array) -> jax.Array:
         acc = jnp.where((n >> bit) & 1 == 1, acc * base, acc)
         base = base * base
     return acc
+
+
+def strongly_typed(value: Any) -> jax.Array:
+    """`value` without JAX's weak type, as optax's schedules of an int32 count return it: their
+    arithmetic meets the count, a strongly typed array, where here the hyperparameters are
+    weakly typed leaves (which under `jit` would otherwise let a bfloat16 gradient decide the
+    dtype of, say, Adam's moments, where optax's gives float32)."""
+    value = jnp.asarray(value)
+    return jax.lax.convert_element_type(value, value.dtype)

@@ -16,7 +16,7 @@ from jax.typing import ArrayLike
 
 from .._fields import FINITE, NONNEGATIVE, POSITIVE, hyperparameter, static
 from ._base import AbstractSchedule
-from ._exact import Derived, derive, divide
+from ._exact import Derived, derive, divide, strongly_typed
 from ._schedules import JoinSchedules, as_count, linear_schedule, with_span
 
 
@@ -73,7 +73,7 @@ class ExponentialDecaySchedule(AbstractSchedule):
         if self.end_value is not None:
             floor, ceiling = jnp.maximum(value, self.end_value), jnp.minimum(value, self.end_value)
             value = jnp.where(self.decay_rate < 1, floor, ceiling)
-        return value
+        return strongly_typed(value)
 
 
 class WarmupExponentialDecaySchedule(AbstractSchedule):

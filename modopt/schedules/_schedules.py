@@ -28,7 +28,7 @@ from .._fields import (
     rate,
 )
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
-from ._exact import Derived, derive, divide, is_traced, power
+from ._exact import Derived, derive, divide, is_traced, power, strongly_typed
 
 
 def as_count(count: Any) -> Any:
@@ -113,7 +113,7 @@ class PolynomialSchedule(AbstractSchedule):
         # rounding off `end_value` (below 0 for a decay to 0, NaN for a fractional power).
         remaining = jnp.where(t >= steps, 0, 1 - divide(t, steps))
         decayed = span * power(remaining, self.power) + self.end_value
-        return jnp.where(self.transition_steps <= 0, self.init_value, decayed)
+        return strongly_typed(jnp.where(self.transition_steps <= 0, self.init_value, decayed))
 
 
 def linear_schedule(

@@ -13,7 +13,7 @@ import modopt
 
 from ._entry import MASK, Entry, schedule
 
-REFERENCE = "test_beyond_adam.py"
+REFERENCE = "references/test_beyond_adam.py"
 
 # One block rule of each kind over the registry's parameters: per column of "matrix" (split
 # like its last axis on the sharded mesh), Adam's for "vector", one for "scalar", two heads of

@@ -24,7 +24,7 @@ ENTRIES: list[Entry] = [
         ("learning_rate", 0.1),
         descent=True,
         own_rule=True,  # the factors follow the parameter's axis they precondition
-        reference="test_kron.py",
+        reference="references/test_kron.py",
     ),
     Entry(
         "scale_by_kron_options",
@@ -42,7 +42,7 @@ ENTRIES: list[Entry] = [
         ("precond_lr", 0.2),
         descent_lr=0.05,
         own_rule=True,  # as kron
-        reference="test_kron.py",
+        reference="references/test_kron.py",
     ),
     Entry(
         "kron_scheduled_decay",
@@ -54,6 +54,6 @@ ENTRIES: list[Entry] = [
         descent=True,
         converges=False,  # the schedule decays to ~0 after 50 steps, by design
         own_rule=True,  # as kron
-        reference="test_kron.py",
+        reference="references/test_kron.py",
     ),
 ]

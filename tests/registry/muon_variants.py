@@ -15,7 +15,7 @@ from modopt.contrib import MuonDimensionNumbers
 
 from ._entry import MASK, Entry, schedule
 
-REFERENCE = "test_muon_variants.py"
+REFERENCE = "references/test_muon_variants.py"
 # The cube (2, 3, 4): two 3x4 matrices; `None` entries are plain matrices for the scale-by
 # transforms (and Adam's parameters for the optimizers).
 CUBE_DIMS = {"matrix": None, "vector": None, "scalar": None, "cube": MuonDimensionNumbers(1, 2), "big": None}

@@ -33,7 +33,7 @@ ENTRIES: list[Entry] = [
         # sharded sums round differently; at rate 1 the parameters then differ by ~3e-4 after 3
         # steps. The algorithm itself is compared at 1e-4 in test_soap.py.
         tolerance=1e-3,
-        reference="test_soap.py",
+        reference="references/test_soap.py",
     ),
     Entry(
         "scale_by_soap_merged",
@@ -48,6 +48,6 @@ ENTRIES: list[Entry] = [
         None,
         ("b1", 0.8),
         own_rule=True,
-        reference="test_soap.py",
+        reference="references/test_soap.py",
     ),
 ]

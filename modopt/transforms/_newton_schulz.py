@@ -47,7 +47,7 @@ class MuonDimensionNumbers(NamedTuple):
     axis: each slice along the batch axes is orthogonalized on its own. Negative axes count
     from the end.
 
-    Args:
+    Attributes:
         reduction_axis: the axis, or a sequence of axes, contracted with the input.
         output_axis: the axis, or a sequence of axes, of the output.
     """

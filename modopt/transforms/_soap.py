@@ -216,7 +216,7 @@ class ScaleBySoap(AbstractTransform):
             eigenbases=treedef.unflatten([q for _, q in pairs]),
         )
 
-    def state_specs(self, params, param_specs):
+    def state_specs(self, params: Any, param_specs: Any) -> Any:
         """Moments follow the parameters. The statistic and the basis of a dimension are split
         along their first axis (rows) as the parameter splits that dimension (the mesh axes of
         the parameter's axes a merged dimension gathers), and not along the second; the count

@@ -42,6 +42,7 @@ from ._base import init_empty_state as init_empty_state
 from ._base import inner_transform as inner_transform
 from ._base import with_extra_args_support as with_extra_args_support
 from ._checks import check_state as check_state
+from ._fields import Scalar as Scalar
 from ._extra_args import ExtraArg as ExtraArg
 from ._extra_args import declared_extra_args as declared_extra_args
 from ._extra_args import extra_arg as extra_arg

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union
 
 import equinox as eqx
 import jax
@@ -23,6 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import prefix_difference
+
+# Built like `ScalarOrSchedule` (modopt.schedules), of which it is the part without schedules.
+Scalar = Union[float, jax.Array]
+"""A numeric hyperparameter: a Python or NumPy number, or a 0-d array (stored as a 0-d array leaf)."""
 
 _CHECK = "modopt_check"  # metadata key: the field is a hyperparameter, with this `Check` (or None)
 _CHOICES = "modopt_choices"  # metadata key: the values a static field may take

@@ -7,9 +7,12 @@ optimizers built on it declare `learning_rate`, `b1`, `eps`, `weight_decay`, mas
 with these:
 
     class Adam(AbstractComposite):
-        learning_rate: Any = fields.learning_rate()
-        b1: Any = fields.decay_rate(0.9)
-        eps: Any = fields.eps(1e-8)
+        learning_rate: ScalarOrSchedule = fields.learning_rate()
+        b1: Scalar = fields.decay_rate(0.9)
+        eps: Scalar = fields.eps(1e-8)
+
+A field's annotation names what it accepts: `Scalar` (a number), `ScalarOrSchedule`, `Schedule`,
+`jax.typing.DTypeLike | None` (a dtype field).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ._fields import PROBABILITY_EXCLUSIVE as PROBABILITY_EXCLUSIVE
 from ._fields import FINITE_NONNEGATIVE as FINITE_NONNEGATIVE
 from ._fields import UNIT as UNIT
 from ._fields import Check as Check
+from ._fields import Scalar as Scalar
 from ._fields import as_static_tree, canonical_dtype
 from ._fields import choice as choice
 from ._fields import hyperparameter as hyperparameter
@@ -34,6 +38,8 @@ from ._fields import interval as interval
 from ._fields import prng_key as prng_key
 from ._fields import rate as rate
 from ._fields import static as static
+from .schedules._base import ScalarOrSchedule as ScalarOrSchedule
+from .schedules._base import Schedule as Schedule
 from .schedules._base import scalar_or_schedule as scalar_or_schedule
 
 MISSING: Any = dataclasses.MISSING

@@ -21,6 +21,8 @@ from .._fields import POSITIVE_INTEGER, hyperparameter, static
 from .._numerics import safe_increment
 from .._trees import cast_like, map_updates, zeros_like
 from ..schedules._base import ScalarOrSchedule, scalar_or_schedule, value_at
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 # Counts of steps given as hyperparameters: whole numbers (as Python ints or integer arrays).
 
@@ -79,7 +81,7 @@ class ApplyEveryK(AbstractTransform):
 
     elementwise_updates = True
 
-    k: Any = hyperparameter(1, check=POSITIVE_INTEGER)
+    k: Scalar = hyperparameter(1, check=POSITIVE_INTEGER)
 
     def init(self, params):
         return ApplyEvery(count=jnp.zeros([], jnp.int32), grad_acc=zeros_like(params))
@@ -214,7 +216,7 @@ class MultiSteps(AbstractWrapper):
     every_k_schedule: ScalarOrSchedule = scalar_or_schedule(check=POSITIVE_INTEGER)
     use_grad_mean: bool = static(default=True)
     should_skip_update_fn: Callable[..., tuple[Any, Any]] | None = static(default=None)
-    accumulator_dtype: Any = fields.dtype(jnp.float32)
+    accumulator_dtype: DTypeLike | None = fields.dtype(jnp.float32)
     inner_state_field = "inner_opt_state"
 
     def __init__(

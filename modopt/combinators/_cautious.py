@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from .._base import AbstractTransform, AbstractWrapper, inner_transform
 from .._fields import POSITIVE, hyperparameter, static
 from .._trees import map_updates
+from .._fields import Scalar
 
 
 class CautiousState(NamedTuple):
@@ -59,7 +60,7 @@ class Cautious(AbstractWrapper):
     """
 
     inner: AbstractTransform = inner_transform()
-    eps: Any = hyperparameter(1e-8, check=POSITIVE)
+    eps: Scalar = hyperparameter(1e-8, check=POSITIVE)
     negated: bool = static(default=True, kw_only=True)
 
     def init(self, params):

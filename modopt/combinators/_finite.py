@@ -12,6 +12,7 @@ from .._base import AbstractTransform, AbstractWrapper, inner_transform
 from .._fields import NONNEGATIVE_INTEGER, hyperparameter
 from .._numerics import safe_increment
 from ._accumulate import same_types, zeros_like_output
+from .._fields import Scalar
 
 
 class ApplyIfFiniteState(NamedTuple):
@@ -57,7 +58,7 @@ class ApplyIfFinite(AbstractWrapper):
     """
 
     inner: AbstractTransform = inner_transform()
-    max_consecutive_errors: Any = hyperparameter(check=NONNEGATIVE_INTEGER)
+    max_consecutive_errors: Scalar = hyperparameter(check=NONNEGATIVE_INTEGER)
 
     def init(self, params):
         return ApplyIfFiniteState(

@@ -25,6 +25,7 @@ from .._numerics import safe_increment
 from .._specs import follow_params
 from ..schedules._base import AbstractSchedule, as_schedule, is_schedule
 from ..schedules._stateful import WrappedScheduleState, as_stateful_module, is_stateful_schedule
+from jax.typing import DTypeLike
 
 
 class InjectHyperparamsState(NamedTuple):
@@ -71,7 +72,7 @@ class InjectHyperparams(AbstractTransform):
     inner_factory: Callable[..., Any] = fields.static()
     hyperparams: dict[str, Any] = fields.hyperparameter(kind="dict", converter=_as_injected)
     others: StaticTree = fields.static()  # flags, dtypes, masks and `static_args`
-    hyperparam_dtype: Any = fields.dtype()
+    hyperparam_dtype: DTypeLike | None = fields.dtype()
 
     def inner(self, values: dict[str, Any]) -> AbstractTransform:
         """The inner transform with the hyperparameters `values`."""

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from .._base import AbstractTransform, AbstractWrapper, inner_transform, require_params
 from .._extra_args import adapt_to_params, declared_extra_args
 from .._fields import POSITIVE_INTEGER, UNIT, hyperparameter, static
+from .._fields import Scalar
 
 
 class LookaheadParams(NamedTuple):
@@ -79,8 +80,8 @@ class Lookahead(AbstractWrapper):
     """
 
     inner: AbstractTransform = inner_transform()
-    sync_period: Any = hyperparameter(check=POSITIVE_INTEGER)
-    slow_step_size: Any = hyperparameter(check=UNIT)
+    sync_period: Scalar = hyperparameter(check=POSITIVE_INTEGER)
+    slow_step_size: Scalar = hyperparameter(check=UNIT)
     reset_state: bool = static(default=False)
     inner_state_field = "fast_state"
 

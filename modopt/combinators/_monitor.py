@@ -26,6 +26,8 @@ from .._fields import UNIT, static
 from .._specs import follow_params
 from ..transforms._accumulation import Ema
 from ._chain import Chain
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 Measure = Callable[[Any], Any]  # updates -> an array or a pytree of arrays
 
@@ -120,9 +122,9 @@ class MeasureWithEma(AbstractComposite):
     """
 
     measure: Measure = static()
-    decay: Any = fields.decay_rate(check=UNIT)
+    decay: Scalar = fields.decay_rate(check=UNIT)
     debias: bool = static(default=True)
-    accumulator_dtype: Any = fields.dtype()
+    accumulator_dtype: DTypeLike | None = fields.dtype()
 
     def build(self) -> AbstractTransform:
         return Chain(

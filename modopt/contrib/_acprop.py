@@ -15,6 +15,7 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByBeliefState, ScaleByLearningRate
 from ..transforms._adam import moment_ratio
+from .._fields import Scalar
 
 
 class ScaleByAcprop(AbstractTransform):
@@ -44,10 +45,10 @@ class ScaleByAcprop(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-16)
-    eps_root: Any = fields.eps(1e-16)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-16)
+    eps_root: Scalar = fields.eps(1e-16)
 
     def init(self, params):
         return ScaleByBeliefState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params), nu=zeros_like(params))
@@ -92,10 +93,10 @@ class Acprop(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-16)
-    eps_root: Any = fields.eps(1e-16)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-16)
+    eps_root: Scalar = fields.eps(1e-16)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 

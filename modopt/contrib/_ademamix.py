@@ -17,6 +17,8 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, as_schedule, value_at
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._adam import moment_ratio
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def _rate_or_schedule(value: Any) -> Any:
@@ -74,13 +76,13 @@ class ScaleByAdemamix(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
     b3: ScalarOrSchedule = rate_or_schedule(0.9999)
     alpha: ScalarOrSchedule = fields.scalar_or_schedule(6.0, check=FINITE_NONNEGATIVE)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
         return ScaleByAdemamixState(
@@ -146,13 +148,13 @@ class Ademamix(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
     b3: ScalarOrSchedule = rate_or_schedule(0.9999)
     alpha: ScalarOrSchedule = fields.scalar_or_schedule(5.0, check=FINITE_NONNEGATIVE)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
@@ -198,11 +200,11 @@ class ScaleBySimplifiedAdEMAMix(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.99)
-    b2: Any = fields.decay_rate(0.95)
+    b1: Scalar = fields.decay_rate(0.99)
+    b2: Scalar = fields.decay_rate(0.95)
     alpha: ScalarOrSchedule = fields.scalar_or_schedule(0.0, check=FINITE_NONNEGATIVE)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
 
     def init(self, params):
         return ScaleBySimplifiedAdEMAMixState(t=jnp.zeros([], jnp.int32), m=zeros_like(params), n=zeros_like(params))
@@ -248,11 +250,11 @@ class SimplifiedAdEMAMix(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.99)
-    b2: Any = fields.decay_rate(0.95)
+    b1: Scalar = fields.decay_rate(0.99)
+    b2: Scalar = fields.decay_rate(0.95)
     alpha: ScalarOrSchedule = fields.scalar_or_schedule(0.0, check=FINITE_NONNEGATIVE)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 

@@ -18,6 +18,8 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate
 from ..transforms._adam import ScaleByAdamState
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def default_clip_value(count: jax.Array) -> jax.Array:
@@ -72,10 +74,10 @@ class ScaleByAdopt(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.9999)
-    eps: Any = fields.eps(1e-6)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.9999)
+    eps: Scalar = fields.eps(1e-6)
+    mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=False, kw_only=True)
     use_clipping: bool = static(default=True, kw_only=True)
     clip_value_fn: Callable[[jax.Array], jax.Array] = static(default=default_clip_value, kw_only=True)
@@ -131,10 +133,10 @@ class Adopt(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.9999)
-    eps: Any = fields.eps(1e-6)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.9999)
+    eps: Scalar = fields.eps(1e-6)
+    mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=False, kw_only=True)
     use_clipping: bool = static(default=True, kw_only=True)
     clip_value_fn: Callable[[jax.Array], jax.Array] = static(default=default_clip_value, kw_only=True)

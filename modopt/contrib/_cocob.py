@@ -14,6 +14,7 @@ from .._trees import full_like, map_updates, zeros_like
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
+from .._fields import Scalar
 
 
 class COCOBState(NamedTuple):
@@ -50,8 +51,8 @@ class ScaleByCocob(AbstractTransform):
 
     elementwise_updates = True
 
-    alpha: Any = hyperparameter(100.0, check=POSITIVE)
-    eps: Any = fields.eps(1e-8)
+    alpha: Scalar = hyperparameter(100.0, check=POSITIVE)
+    eps: Scalar = fields.eps(1e-8)
 
     def init(self, params):
         return COCOBState(
@@ -117,8 +118,8 @@ class Cocob(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
-    alpha: Any = hyperparameter(100.0, check=POSITIVE)
-    eps: Any = fields.eps(1e-8)
+    alpha: Scalar = hyperparameter(100.0, check=POSITIVE)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 

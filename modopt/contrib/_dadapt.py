@@ -21,6 +21,7 @@ from .._trees import vdot, zeros_like
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms._real_only import reject_complex
 from ._mechanic import _lowest_dtype
+from .._fields import Scalar
 
 
 class DAdaptAdamWState(NamedTuple):
@@ -140,9 +141,9 @@ class DAdaptAdamW(AbstractTransform):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
     betas: Any = betas_field()
-    eps: Any = fields.eps(1e-8)
-    estim_lr0: Any = hyperparameter(1e-6, check=POSITIVE)
-    weight_decay: Any = hyperparameter(0.0, check=FINITE)
+    eps: Scalar = fields.eps(1e-8)
+    estim_lr0: Scalar = hyperparameter(1e-6, check=POSITIVE)
+    weight_decay: Scalar = hyperparameter(0.0, check=FINITE)
 
     def __check_init__(self):
         check_betas(self.betas, "DAdaptAdamW")
@@ -233,11 +234,11 @@ class Prodigy(AbstractTransform):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
     betas: Any = betas_field()
-    beta3: Any = hyperparameter(None, check=UNIT)
-    eps: Any = fields.eps(1e-8)
-    estim_lr0: Any = hyperparameter(1e-6, check=POSITIVE)
-    estim_lr_coef: Any = hyperparameter(1.0, check=NONNEGATIVE)
-    weight_decay: Any = hyperparameter(0.0, check=FINITE)
+    beta3: Scalar | None = hyperparameter(None, check=UNIT)
+    eps: Scalar = fields.eps(1e-8)
+    estim_lr0: Scalar = hyperparameter(1e-6, check=POSITIVE)
+    estim_lr_coef: Scalar = hyperparameter(1.0, check=NONNEGATIVE)
+    weight_decay: Scalar = hyperparameter(0.0, check=FINITE)
     safeguard_warmup: bool = static(default=False)
 
     def __check_init__(self):

@@ -16,6 +16,7 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, Identity, ScaleByLearningRate
 from ._mechanic import _lowest_dtype
+from .._fields import Scalar
 
 INIT_STEP_TYPES = ("distance", "learning_rate", "heuristic")
 POSITIVE_FINITE = Check("> 0 and finite", lambda v: bool(np.all((v > 0) & np.isfinite(v))))
@@ -69,8 +70,8 @@ class ScaleByDoG(AbstractTransform):
     """
 
     init_step_type: str = choice("heuristic", INIT_STEP_TYPES)
-    init_step_value: Any = hyperparameter(1e-6, check=POSITIVE_FINITE)
-    eps: Any = fields.eps(1e-8)
+    init_step_value: Scalar = hyperparameter(1e-6, check=POSITIVE_FINITE)
+    eps: Scalar = fields.eps(1e-8)
 
     def init(self, params):
         dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
@@ -121,8 +122,8 @@ class ScaleByDoWG(AbstractTransform):
     Parameter-Free Gradient Descent Method", https://arxiv.org/abs/2305.16284
     """
 
-    init_estim_sq_dist: Any = hyperparameter(None, check=POSITIVE_FINITE)
-    eps: Any = fields.eps(1e-4)
+    init_estim_sq_dist: Scalar | None = hyperparameter(None, check=POSITIVE_FINITE)
+    eps: Scalar = fields.eps(1e-4)
 
     def init(self, params):
         dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
@@ -192,8 +193,8 @@ class Dog(AbstractComposite):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
     init_step_type: str = choice("heuristic", INIT_STEP_TYPES)
-    init_step_value: Any = hyperparameter(1e-6, check=POSITIVE_FINITE)
-    eps: Any = fields.eps(1e-8)
+    init_step_value: Scalar = hyperparameter(1e-6, check=POSITIVE_FINITE)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(None)
     mask: Any = fields.mask()
 
@@ -252,8 +253,8 @@ class Dowg(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
-    init_estim_sq_dist: Any = hyperparameter(None, check=POSITIVE_FINITE)
-    eps: Any = fields.eps(1e-4)
+    init_estim_sq_dist: Scalar | None = hyperparameter(None, check=POSITIVE_FINITE)
+    eps: Scalar = fields.eps(1e-4)
     weight_decay: ScalarOrSchedule = fields.weight_decay(None)
     mask: Any = fields.mask()
 

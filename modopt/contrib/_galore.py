@@ -21,6 +21,7 @@ from .._trees import is_none
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
+from .._fields import Scalar
 
 
 class GaLoreDimensionNumbers(NamedTuple):
@@ -171,8 +172,8 @@ class ScaleByGalore(AbstractWrapper):
     """
 
     rank: int = static(default=128)
-    update_proj_gap: Any = hyperparameter(200, check=POSITIVE_INTEGER)
-    scale: Any = hyperparameter(1.0, check=FINITE)
+    update_proj_gap: Scalar = hyperparameter(200, check=POSITIVE_INTEGER)
+    scale: Scalar = hyperparameter(1.0, check=FINITE)
     inner: AbstractTransform = eqx.field(default=None, converter=_as_base_optimizer)
     weight_dimension_numbers: Any = static(default=None, converter=_as_dimension_numbers)
     inner_state_field = "base_optimizer_state"
@@ -380,8 +381,8 @@ class Galore(AbstractComposite):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     rank: int = static(default=128)
-    update_proj_gap: Any = hyperparameter(200, check=POSITIVE_INTEGER)
-    scale: Any = hyperparameter(1.0, check=FINITE)
+    update_proj_gap: Scalar = hyperparameter(200, check=POSITIVE_INTEGER)
+    scale: Scalar = hyperparameter(1.0, check=FINITE)
     base_optimizer: AbstractTransform = eqx.field(default=None, converter=_as_base_optimizer)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()

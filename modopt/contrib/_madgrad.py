@@ -15,6 +15,7 @@ from .._trees import map_updates, zeros_like
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms import AddDecayedWeights
+from .._fields import Scalar
 
 
 class MadgradState(NamedTuple):
@@ -65,8 +66,8 @@ class ScaleByMadgrad(AbstractTransform):
     elementwise_updates = True
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    momentum: Any = fields.decay_rate(0.9, check=UNIT)
-    eps: Any = fields.eps(1e-6)
+    momentum: Scalar = fields.decay_rate(0.9, check=UNIT)
+    eps: Scalar = fields.eps(1e-6)
 
     def learning_rates(self, state):
         return {"learning_rate": value_at(self.learning_rate, state.count)}
@@ -126,9 +127,9 @@ class Madgrad(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    momentum: Any = fields.decay_rate(0.9, check=UNIT)
+    momentum: Scalar = fields.decay_rate(0.9, check=UNIT)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    eps: Any = fields.eps(1e-6)
+    eps: Scalar = fields.eps(1e-6)
 
     def build(self):
         return Chain(

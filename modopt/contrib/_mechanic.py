@@ -15,6 +15,7 @@ from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, static
 from .._numerics import safe_increment
 from .._specs import REPLICATED
 from .._trees import global_norm, select
+from .._fields import Scalar
 
 
 class MechanicState(NamedTuple):
@@ -94,9 +95,9 @@ class Mechanize(AbstractWrapper):
     """
 
     inner: AbstractTransform = inner_transform()
-    weight_decay: Any = hyperparameter(1e-2, check=NONNEGATIVE)
-    eps: Any = hyperparameter(1e-8, check=NONNEGATIVE)
-    s_init: Any = hyperparameter(1e-6, check=POSITIVE)
+    weight_decay: Scalar = hyperparameter(1e-2, check=NONNEGATIVE)
+    eps: Scalar = hyperparameter(1e-8, check=NONNEGATIVE)
+    s_init: Scalar = hyperparameter(1e-6, check=POSITIVE)
     num_betas: int = static(default=6)
     inner_state_field = "base_optimizer_state"
 

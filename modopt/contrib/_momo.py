@@ -17,6 +17,7 @@ from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms._polyak import _TINY, READS_VALUE
 from ..transforms._real_only import reject_complex
 from ._mechanic import _lowest_dtype
+from .._fields import Scalar
 
 
 class MomoState(NamedTuple):
@@ -120,9 +121,9 @@ class Momo(AbstractTransform):
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_VALUE
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
-    beta: Any = hyperparameter(0.9, check=PROBABILITY_EXCLUSIVE)
-    lower_bound: Any = hyperparameter(0.0, check=FINITE)
-    weight_decay: Any = hyperparameter(0.0, check=NONNEGATIVE)
+    beta: Scalar = hyperparameter(0.9, check=PROBABILITY_EXCLUSIVE)
+    lower_bound: Scalar = hyperparameter(0.0, check=FINITE)
+    weight_decay: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
     adapt_lower_bound: bool = static(default=False)
 
     def init(self, params):
@@ -199,11 +200,11 @@ class MomoAdam(AbstractTransform):
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_VALUE
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1e-2)
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    lower_bound: Any = hyperparameter(0.0, check=FINITE)
-    weight_decay: Any = hyperparameter(0.0, check=NONNEGATIVE)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    lower_bound: Scalar = hyperparameter(0.0, check=FINITE)
+    weight_decay: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
     adapt_lower_bound: bool = static(default=False)
 
     def init(self, params):

@@ -39,6 +39,8 @@ from ..transforms._newton_schulz import matrix_axes as matrix_axes
 from ..transforms._newton_schulz import matrix_axes_per_leaf as matrix_axes_per_leaf
 from ..transforms._newton_schulz import newton_schulz as newton_schulz
 from ..transforms._newton_schulz import orthogonalize as orthogonalize
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class MuonState(NamedTuple):
@@ -107,9 +109,9 @@ class ScaleByMuon(AbstractTransform):
 
     ns_coeffs: Any = eqx.field(default=DEFAULT_NS_COEFFS, converter=as_ns_coeffs)
     ns_steps: int = static(default=5)
-    beta: Any = fields.decay_rate(0.95)
-    eps: Any = fields.eps(1e-8)
-    mu_dtype: Any = fields.dtype()
+    beta: Scalar = fields.decay_rate(0.95)
+    eps: Scalar = fields.eps(1e-8)
+    mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=True, kw_only=True)
     adaptive: bool = static(default=False, kw_only=True)
     preconditioning: str = choice("frobenius", PRECONDITIONINGS, kw_only=True)
@@ -219,21 +221,21 @@ class Muon(AbstractComposite):
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     ns_coeffs: Any = eqx.field(default=DEFAULT_NS_COEFFS, converter=as_ns_coeffs)
     ns_steps: int = static(default=5)
-    beta: Any = fields.decay_rate(0.95)
-    eps: Any = fields.eps(1e-8)
+    beta: Scalar = fields.decay_rate(0.95)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     weight_decay_mask: Any = fields.mask()
-    mu_dtype: Any = fields.dtype()
+    mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=True, kw_only=True)
     adaptive: bool = static(default=False, kw_only=True)
     preconditioning: str = choice("frobenius", PRECONDITIONINGS, kw_only=True)
-    adam_b1: Any = fields.decay_rate(0.9, kw_only=True)
-    adam_b2: Any = fields.decay_rate(0.999, kw_only=True)
-    adam_eps_root: Any = fields.eps(0.0, kw_only=True)
+    adam_b1: Scalar = fields.decay_rate(0.9, kw_only=True)
+    adam_b2: Scalar = fields.decay_rate(0.999, kw_only=True)
+    adam_eps_root: Scalar = fields.eps(0.0, kw_only=True)
     adam_weight_decay: ScalarOrSchedule = fields.weight_decay(0.0, kw_only=True)
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
     muon_weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
-    consistent_rms: Any = hyperparameter(None, check=fields.NONNEGATIVE, kw_only=True)
+    consistent_rms: Scalar | None = hyperparameter(None, check=fields.NONNEGATIVE, kw_only=True)
 
     def build(self):
         dims = self.muon_weight_dimension_numbers

@@ -20,6 +20,7 @@ from .._fields import (
     is_concrete,
 )
 from .._numerics import safe_increment
+from .._fields import Scalar
 
 READS_VALUE = (ExtraArg("value", "the loss (or metric) to monitor, a scalar"),)
 
@@ -79,13 +80,13 @@ class ReduceOnPlateau(AbstractTransform):
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_VALUE
     elementwise_updates = True
 
-    factor: Any = hyperparameter(0.1, check=interval(0, 1, closed_lo=False))
-    patience: Any = hyperparameter(10, check=NONNEGATIVE_INTEGER)
-    rtol: Any = hyperparameter(1e-4, check=UNIT)
-    atol: Any = hyperparameter(0.0, check=NONNEGATIVE)
-    cooldown: Any = hyperparameter(0, check=NONNEGATIVE_INTEGER)
-    accumulation_size: Any = hyperparameter(1, check=POSITIVE_INTEGER)
-    min_scale: Any = hyperparameter(0.0, check=NONNEGATIVE)
+    factor: Scalar = hyperparameter(0.1, check=interval(0, 1, closed_lo=False))
+    patience: Scalar = hyperparameter(10, check=NONNEGATIVE_INTEGER)
+    rtol: Scalar = hyperparameter(1e-4, check=UNIT)
+    atol: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
+    cooldown: Scalar = hyperparameter(0, check=NONNEGATIVE_INTEGER)
+    accumulation_size: Scalar = hyperparameter(1, check=POSITIVE_INTEGER)
+    min_scale: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
 
     def __check_init__(self):
         if (

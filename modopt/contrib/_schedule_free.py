@@ -19,6 +19,8 @@ from ..schedules._base import ScalarOrSchedule, is_schedule, value_at
 from ..schedules._schedules import linear_schedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate, ScaleByRms
 from ._mechanic import _lowest_dtype
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 # The interpolation weight b1 divides in `x = (y - (1 - b1) z) / b1`: it must be positive.
 INTERPOLATION = interval(0, 1, closed_lo=False, closed_hi=True)
@@ -98,9 +100,9 @@ class ScheduleFree(AbstractWrapper):
 
     inner: AbstractTransform = inner_transform()
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9, check=INTERPOLATION)
-    weight_lr_power: Any = hyperparameter(2.0, check=FINITE_NONNEGATIVE)
-    state_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9, check=INTERPOLATION)
+    weight_lr_power: Scalar = hyperparameter(2.0, check=FINITE_NONNEGATIVE)
+    state_dtype: DTypeLike | None = fields.dtype()
     inner_state_field = "base_optimizer_state"
 
     def __init__(
@@ -275,11 +277,11 @@ class ScheduleFreeSgd(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(1.0)
-    warmup_steps: Any = hyperparameter(None, check=POSITIVE_INTEGER)
-    b1: Any = fields.decay_rate(0.9, check=INTERPOLATION)
-    weight_decay: Any = fields.weight_decay(None)
-    weight_lr_power: Any = hyperparameter(2.0, check=FINITE_NONNEGATIVE)
-    state_dtype: Any = fields.dtype()
+    warmup_steps: Scalar | None = hyperparameter(None, check=POSITIVE_INTEGER)
+    b1: Scalar = fields.decay_rate(0.9, check=INTERPOLATION)
+    weight_decay: ScalarOrSchedule | None = fields.weight_decay(None)
+    weight_lr_power: Scalar = hyperparameter(2.0, check=FINITE_NONNEGATIVE)
+    state_dtype: DTypeLike | None = fields.dtype()
 
     def build(self):
         lr = _warmup(self.learning_rate, self.warmup_steps, "schedule_free_sgd")
@@ -324,13 +326,13 @@ class ScheduleFreeAdamW(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(0.0025)
-    warmup_steps: Any = hyperparameter(None, check=POSITIVE_INTEGER)
-    b1: Any = fields.decay_rate(0.9, check=INTERPOLATION)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    weight_decay: Any = fields.weight_decay(0.0)
-    weight_lr_power: Any = hyperparameter(2.0, check=FINITE_NONNEGATIVE)
-    state_dtype: Any = fields.dtype()
+    warmup_steps: Scalar | None = hyperparameter(None, check=POSITIVE_INTEGER)
+    b1: Scalar = fields.decay_rate(0.9, check=INTERPOLATION)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
+    weight_lr_power: Scalar = hyperparameter(2.0, check=FINITE_NONNEGATIVE)
+    state_dtype: DTypeLike | None = fields.dtype()
 
     def build(self):
         lr = _warmup(self.learning_rate, self.warmup_steps, "schedule_free_adamw")

@@ -21,6 +21,8 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..second_order import hvp
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 READS_OBJ_FN = (
     ExtraArg(
@@ -158,16 +160,16 @@ class ScaleBySophia(AbstractTransform):
         print_win_rate_every_n_steps: the period of the printing, an integer >= 0 (0: never).
     """
 
-    b1: Any = fields.decay_rate(0.965)
-    b2: Any = fields.decay_rate(0.99)
-    eps: Any = fields.eps(1e-8)
-    gamma: Any = hyperparameter(0.01, check=NONNEGATIVE)
-    clip_threshold: Any = hyperparameter(1.0, check=NONNEGATIVE, optional=True)
-    update_interval: Any = hyperparameter(10, check=POSITIVE_INTEGER)
+    b1: Scalar = fields.decay_rate(0.965)
+    b2: Scalar = fields.decay_rate(0.99)
+    eps: Scalar = fields.eps(1e-8)
+    gamma: Scalar = hyperparameter(0.01, check=NONNEGATIVE)
+    clip_threshold: Scalar | None = hyperparameter(1.0, check=NONNEGATIVE, optional=True)
+    update_interval: Scalar = hyperparameter(10, check=POSITIVE_INTEGER)
     hessian_diagonal_fn: AbstractTransform = eqx.field(default=None, converter=_hessian_diagonal_fn)
-    mu_dtype: Any = fields.dtype()
+    mu_dtype: DTypeLike | None = fields.dtype()
     verbose: bool = static(default=False)
-    print_win_rate_every_n_steps: Any = hyperparameter(0, check=NONNEGATIVE_INTEGER)
+    print_win_rate_every_n_steps: Scalar = hyperparameter(0, check=NONNEGATIVE_INTEGER)
 
     def init(self, params):
         return SophiaState(
@@ -279,18 +281,18 @@ class Sophia(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.965)
-    b2: Any = fields.decay_rate(0.99)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.965)
+    b2: Scalar = fields.decay_rate(0.99)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
     weight_decay_mask: Any = fields.mask()
-    gamma: Any = hyperparameter(0.01, check=NONNEGATIVE)
-    clip_threshold: Any = hyperparameter(1.0, check=NONNEGATIVE, optional=True)
-    update_interval: Any = hyperparameter(10, check=POSITIVE_INTEGER)
+    gamma: Scalar = hyperparameter(0.01, check=NONNEGATIVE)
+    clip_threshold: Scalar | None = hyperparameter(1.0, check=NONNEGATIVE, optional=True)
+    update_interval: Scalar = hyperparameter(10, check=POSITIVE_INTEGER)
     hessian_diagonal_fn: AbstractTransform = eqx.field(default=None, converter=_hessian_diagonal_fn)
-    mu_dtype: Any = fields.dtype()
+    mu_dtype: DTypeLike | None = fields.dtype()
     verbose: bool = static(default=False)
-    print_win_rate_every_n_steps: Any = hyperparameter(0, check=NONNEGATIVE_INTEGER)
+    print_win_rate_every_n_steps: Scalar = hyperparameter(0, check=NONNEGATIVE_INTEGER)
 
     def build(self):
         return Chain(

@@ -33,6 +33,7 @@ from .._trees import select, zeros_like
 from ..combinators._chain import Chain
 from ..transforms._stateless import Identity
 from ..tree._state import get
+from .._fields import Scalar
 
 PerElementUpdates = Any
 """Updates with one entry per element of a batch: every leaf has the batch on an axis."""
@@ -432,7 +433,7 @@ class TrackPerElementMeanAndVarianceWithEma(AbstractTransform):
         ExtraArg("sample_size", "the number of per-element gradients", False),
     )
 
-    ema_decay: Any = fields.decay_rate(0.9, check=UNIT)
+    ema_decay: Scalar = fields.decay_rate(0.9, check=UNIT)
 
     def init(self, params):
         return PerElementMeanAndVarianceEMAState(

@@ -29,6 +29,7 @@ from .._fields import PROBABILITY_EXCLUSIVE, as_key, hyperparameter, pretty, sta
 from .._numerics import safe_increment
 from ._estimators import DistBuilder
 from ._inputs import Function, check_callable, check_count, check_params, evaluate
+from .._fields import Scalar
 
 CvState = Any
 
@@ -196,7 +197,7 @@ class MovingAverageBaseline(AbstractControlVariate):
     average after. Without `zero_debias` the two agree.
     """
 
-    decay: Any = hyperparameter(0.99, check=PROBABILITY_EXCLUSIVE)
+    decay: Scalar = hyperparameter(0.99, check=PROBABILITY_EXCLUSIVE)
     zero_debias: bool = static(True)
     use_decay_early_training_heuristic: bool = static(True)
 

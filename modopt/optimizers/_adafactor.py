@@ -20,6 +20,8 @@ from ..transforms import (
     ScaleByLearningRate,
     ScaleByParamBlockRms,
 )
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class Adafactor(AbstractComposite):
@@ -60,14 +62,14 @@ class Adafactor(AbstractComposite):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(None)
     min_dim_size_to_factor: int = static(default=128)
-    decay_rate: Any = hyperparameter(default=0.8, check=UNIT)
-    decay_offset: Any = hyperparameter(default=0, check=NONNEGATIVE)
+    decay_rate: Scalar = hyperparameter(default=0.8, check=UNIT)
+    decay_offset: Scalar = hyperparameter(default=0, check=NONNEGATIVE)
     multiply_by_parameter_scale: bool = static(default=True)
-    clipping_threshold: Any = hyperparameter(default=1.0, check=POSITIVE, optional=True)
-    momentum: Any = fields.decay_rate(None, check=UNIT)
-    dtype_momentum: Any = fields.dtype(jnp.float32)
+    clipping_threshold: Scalar | None = hyperparameter(default=1.0, check=POSITIVE, optional=True)
+    momentum: Scalar | None = fields.decay_rate(None, check=UNIT)
+    dtype_momentum: DTypeLike | None = fields.dtype(jnp.float32)
     weight_decay_rate: ScalarOrSchedule = fields.weight_decay(None)
-    eps: Any = fields.eps(1e-30)
+    eps: Scalar = fields.eps(1e-30)
     factored: bool = static(default=True)
     weight_decay_mask: Any = fields.mask()
 

@@ -10,6 +10,8 @@ from .._fields import static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, schedule_annotations
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class Adam(AbstractComposite):
@@ -37,11 +39,11 @@ class Adam(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):
@@ -77,11 +79,11 @@ class AdamW(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
     mask: Any = fields.mask()
     nesterov: bool = static(default=False, kw_only=True)

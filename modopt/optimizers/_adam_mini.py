@@ -11,6 +11,8 @@ from ..schedules._base import ScalarOrSchedule
 from ..transforms._adam_mini import ScaleByAdamMini
 from ..transforms._scale import ScaleByLearningRate
 from ..transforms._weight_decay import AddDecayedWeights
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class AdamMini(AbstractComposite):
@@ -47,12 +49,12 @@ class AdamMini(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
-    mu_dtype: Any = fields.dtype()
+    mu_dtype: DTypeLike | None = fields.dtype()
     partition: Any = fields.mask(kw_only=True)
 
     def build(self):

@@ -34,6 +34,8 @@ from ..transforms import (
     Trace,
 )
 from ..transforms._lion import MODES
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def _descent(scaling: AbstractTransform, learning_rate: Any, weight_decay: Any = None, mask: Any = None):
@@ -65,10 +67,10 @@ class AdaBelief(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-16)
-    eps_root: Any = fields.eps(1e-16)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-16)
+    eps_root: Scalar = fields.eps(1e-16)
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):
@@ -99,8 +101,8 @@ class Adadelta(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(None)
-    rho: Any = fields.decay_rate(0.9)
-    eps: Any = fields.eps(1e-6)
+    rho: Scalar = fields.decay_rate(0.9)
+    eps: Scalar = fields.eps(1e-6)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     weight_decay_mask: Any = fields.mask()
 
@@ -125,8 +127,8 @@ class Adagrad(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    initial_accumulator_value: Any = fields.eps(0.1)
-    eps: Any = fields.eps(1e-7)
+    initial_accumulator_value: Scalar = fields.eps(0.1)
+    eps: Scalar = fields.eps(1e-7)
 
     def build(self):
         return _descent(ScaleByRss(self.initial_accumulator_value, self.eps), self.learning_rate)
@@ -147,9 +149,9 @@ class Adamax(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
 
     def build(self):
         return _descent(ScaleByAdamax(self.b1, self.b2, self.eps), self.learning_rate)
@@ -176,9 +178,9 @@ class AdamaxW(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
     mask: Any = fields.mask()
 
@@ -211,11 +213,11 @@ class Amsgrad(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
     bias_correction_mu: bool = static(default=True)
     bias_correction_nu: bool = static(default=True)
 
@@ -255,11 +257,11 @@ class Adan(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.98)
-    b2: Any = fields.decay_rate(0.92)
-    b3: Any = fields.decay_rate(0.99)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.98)
+    b2: Scalar = fields.decay_rate(0.92)
+    b3: Scalar = fields.decay_rate(0.99)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
@@ -296,13 +298,13 @@ class Lion(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9, check=UNIT)
-    b2: Any = fields.decay_rate(0.99)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9, check=UNIT)
+    b2: Scalar = fields.decay_rate(0.99)
+    mu_dtype: DTypeLike | None = fields.dtype()
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-3)
     mask: Any = fields.mask()
     mode: str = choice("hard", MODES, kw_only=True)
-    smooth_beta: Any = hyperparameter(1.0, check=POSITIVE, kw_only=True)
+    smooth_beta: Scalar = hyperparameter(1.0, check=POSITIVE, kw_only=True)
 
     def build(self):
         lion = ScaleByLion(self.b1, self.b2, self.mu_dtype, mode=self.mode, smooth_beta=self.smooth_beta)
@@ -328,10 +330,10 @@ class Novograd(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.25)
-    eps: Any = fields.eps(1e-6)
-    eps_root: Any = fields.eps(0.0)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.25)
+    eps: Scalar = fields.eps(1e-6)
+    eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
 
     def build(self):
@@ -362,11 +364,11 @@ class Radam(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    threshold: Any = hyperparameter(5.0, check=NONNEGATIVE)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    threshold: Scalar = hyperparameter(5.0, check=NONNEGATIVE)
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):
@@ -402,12 +404,12 @@ class Rmsprop(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    decay: Any = fields.decay_rate(0.9)
-    eps: Any = fields.eps(1e-8)
-    initial_scale: Any = fields.eps(0.0)
+    decay: Scalar = fields.decay_rate(0.9)
+    eps: Scalar = fields.eps(1e-8)
+    initial_scale: Scalar = fields.eps(0.0)
     eps_in_sqrt: bool = static(default=True)
     centered: bool = static(default=False)
-    momentum: Any = fields.momentum(None)
+    momentum: Scalar | None = fields.momentum(None)
     nesterov: bool = static(default=False)
     bias_correction: bool = static(default=False)
 
@@ -439,9 +441,9 @@ class Yogi(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-3)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-3)
 
     def build(self):
         return _descent(ScaleByYogi(self.b1, self.b2, self.eps), self.learning_rate)

@@ -18,6 +18,7 @@ from ..transforms._privacy import (
     dp_noise_multiplier,
     private_key,
 )
+from .._fields import Scalar
 
 
 class Dpsgd(AbstractComposite):
@@ -55,10 +56,10 @@ class Dpsgd(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    l2_norm_clip: Any = dp_l2_norm_clip()
-    noise_multiplier: Any = dp_noise_multiplier()
+    l2_norm_clip: Scalar = dp_l2_norm_clip()
+    noise_multiplier: Scalar = dp_noise_multiplier()
     key: jax.Array = prng_key()
-    momentum: Any = fields.momentum(None)
+    momentum: Scalar | None = fields.momentum(None)
     nesterov: bool = static(default=False)
 
     def __init__(

@@ -13,6 +13,8 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._kron import MEMORY_SAVE_MODES, ScaleByKron, _probability
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def at_least_2d(params: Any) -> Any:
@@ -62,7 +64,7 @@ class Kron(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate(0.0003)
-    b1: Any = fields.decay_rate(0.9)
+    b1: Scalar = fields.decay_rate(0.9)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     preconditioner_update_probability: ScalarOrSchedule = hyperparameter(
         None, check=UNIT, kind="number_or_schedule", converter=_probability
@@ -71,13 +73,13 @@ class Kron(AbstractComposite):
     min_ndim_triangular: int = static(default=2)
     memory_save_mode: str | None = choice(None, MEMORY_SAVE_MODES)
     momentum_into_precond_update: bool = static(default=True)
-    precond_lr: Any = hyperparameter(0.1, check=UNIT)
-    precond_init_scale: Any = hyperparameter(1.0, check=POSITIVE)
+    precond_lr: Scalar = hyperparameter(0.1, check=UNIT)
+    precond_init_scale: Scalar = hyperparameter(1.0, check=POSITIVE)
     merge_dims: bool = static(default=True)
-    mu_dtype: Any = fields.dtype()
-    precond_dtype: Any = fields.dtype()
+    mu_dtype: DTypeLike | None = fields.dtype()
+    precond_dtype: DTypeLike | None = fields.dtype()
     weight_decay_mask: Any = fields.mask(at_least_2d, kw_only=True)
-    balance_prob: Any = hyperparameter(0.01, check=UNIT, kw_only=True)
+    balance_prob: Scalar = hyperparameter(0.01, check=UNIT, kw_only=True)
     key: jax.Array = prng_key(0, kw_only=True)
 
     def build(self):

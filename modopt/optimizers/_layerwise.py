@@ -20,6 +20,8 @@ from ..transforms import (
     ScaleByTrustRatio,
     Trace,
 )
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class Lars(AbstractComposite):
@@ -56,10 +58,10 @@ class Lars(AbstractComposite):
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     weight_decay_mask: Any = fields.mask(True)
-    trust_coefficient: Any = hyperparameter(default=0.001, check=NONNEGATIVE)
-    eps: Any = fields.eps(0.0)
+    trust_coefficient: Scalar = hyperparameter(default=0.001, check=NONNEGATIVE)
+    eps: Scalar = fields.eps(0.0)
     trust_ratio_mask: Any = fields.mask(True)
-    momentum: Any = fields.momentum(0.9)
+    momentum: Scalar = fields.momentum(0.9)
     nesterov: bool = static(default=False)
 
     def build(self):
@@ -103,10 +105,10 @@ class Lamb(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-6)
-    eps_root: Any = fields.eps(0.0)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-6)
+    eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
 
@@ -153,7 +155,7 @@ class Fromage(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    min_norm: Any = hyperparameter(default=1e-6, check=NONNEGATIVE)
+    min_norm: Scalar = hyperparameter(default=1e-6, check=NONNEGATIVE)
 
     def build(self):
         if is_schedule(self.learning_rate):
@@ -206,8 +208,8 @@ class Signum(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    beta: Any = fields.decay_rate(0.9, check=UNIT)
-    accumulator_dtype: Any = fields.dtype()
+    beta: Scalar = fields.decay_rate(0.9, check=UNIT)
+    accumulator_dtype: DTypeLike | None = fields.dtype()
 
     def build(self):
         return Chain(

@@ -16,6 +16,8 @@ from ..transforms._mars import ScaleByMars
 from ..transforms._scale import ScaleByLearningRate
 from ..transforms._weight_decay import AddDecayedWeights
 from ._adam import AdamW
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,17 +75,17 @@ class Mars(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.95)
-    b2: Any = fields.decay_rate(0.99)
-    gamma: Any = hyperparameter(0.025, check=fields.NONNEGATIVE)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.95)
+    b2: Scalar = fields.decay_rate(0.99)
+    gamma: Scalar = hyperparameter(0.025, check=fields.NONNEGATIVE)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    max_norm: Any = hyperparameter(1.0, check=POSITIVE, optional=True)
-    mu_dtype: Any = fields.dtype()
+    max_norm: Scalar | None = hyperparameter(1.0, check=POSITIVE, optional=True)
+    mu_dtype: DTypeLike | None = fields.dtype()
     optimize_1d: bool = static(default=False, kw_only=True)
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
-    adam_b1: Any = fields.decay_rate(0.9, kw_only=True)
-    adam_b2: Any = fields.decay_rate(0.95, kw_only=True)
+    adam_b1: Scalar = fields.decay_rate(0.9, kw_only=True)
+    adam_b2: Scalar = fields.decay_rate(0.95, kw_only=True)
     adam_weight_decay: ScalarOrSchedule = fields.weight_decay(0.1, kw_only=True)
 
     def build(self):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import fields
 from .._base import AbstractComposite
 from .._fields import static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, ScaleByLearningRate, Trace
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class Sgd(AbstractComposite):
@@ -27,9 +27,9 @@ class Sgd(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    momentum: Any = fields.momentum(None)
+    momentum: Scalar | None = fields.momentum(None)
     nesterov: bool = static(default=False)
-    accumulator_dtype: Any = fields.dtype()
+    accumulator_dtype: DTypeLike | None = fields.dtype()
 
     def build(self):
         if self.momentum is None:

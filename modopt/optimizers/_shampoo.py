@@ -23,6 +23,7 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate
 from ..transforms._shampoo import GRAFT_TYPES, ScaleByShampoo, as_graft_type, check_static_ints
+from .._fields import Scalar
 
 
 class Shampoo(AbstractComposite):
@@ -77,22 +78,22 @@ class Shampoo(AbstractComposite):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     block_size: int = static(128)
-    beta1: Any = fields.decay_rate(0.9, check=UNIT)
-    beta2: Any = fields.decay_rate(0.999, check=UNIT)
-    diagonal_epsilon: Any = fields.eps(1e-10)
-    matrix_epsilon: Any = fields.eps(1e-6)
-    weight_decay: Any = hyperparameter(0.0, check=FINITE)
-    start_preconditioning_step: Any = hyperparameter(5, check=NONNEGATIVE_INTEGER)
-    preconditioning_compute_steps: Any = hyperparameter(1, check=POSITIVE_INTEGER)
-    statistics_compute_steps: Any = hyperparameter(1, check=POSITIVE_INTEGER)
+    beta1: Scalar = fields.decay_rate(0.9, check=UNIT)
+    beta2: Scalar = fields.decay_rate(0.999, check=UNIT)
+    diagonal_epsilon: Scalar = fields.eps(1e-10)
+    matrix_epsilon: Scalar = fields.eps(1e-6)
+    weight_decay: Scalar = hyperparameter(0.0, check=FINITE)
+    start_preconditioning_step: Scalar = hyperparameter(5, check=NONNEGATIVE_INTEGER)
+    preconditioning_compute_steps: Scalar = hyperparameter(1, check=POSITIVE_INTEGER)
+    statistics_compute_steps: Scalar = hyperparameter(1, check=POSITIVE_INTEGER)
     best_effort_shape_interpretation: bool = static(True)
     graft_type: str = choice("sgd", GRAFT_TYPES, converter=as_graft_type)
     nesterov: bool = static(True)
     exponent_override: int = static(0)
-    inverse_failure_threshold: Any = hyperparameter(0.1, check=NONNEGATIVE, kw_only=True)
+    inverse_failure_threshold: Scalar = hyperparameter(0.1, check=NONNEGATIVE, kw_only=True)
     moving_average_for_momentum: bool = static(False, kw_only=True)
     skip_preconditioning_dim_size_gt: int = static(4096, kw_only=True)
-    clip_by_scaled_gradient_norm: Any = hyperparameter(None, check=POSITIVE, kw_only=True)
+    clip_by_scaled_gradient_norm: Scalar | None = hyperparameter(None, check=POSITIVE, kw_only=True)
     precision: Any = static(jax.lax.Precision.HIGHEST, kw_only=True)
     relative_matrix_epsilon: bool = static(True, kw_only=True)
     merge_small_dims_block_size: int = static(4096, kw_only=True)

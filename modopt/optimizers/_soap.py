@@ -11,6 +11,7 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._soap import DATA_FORMATS, ScaleBySoap
+from .._fields import Scalar
 
 
 class Soap(AbstractComposite):
@@ -61,12 +62,12 @@ class Soap(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    b1: Any = fields.decay_rate(0.95)
-    b2: Any = fields.decay_rate(0.95)
-    shampoo_beta: Any = fields.decay_rate(None)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.95)
+    b2: Scalar = fields.decay_rate(0.95)
+    shampoo_beta: Scalar | None = fields.decay_rate(None)
+    eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.01)
-    precondition_frequency: Any = hyperparameter(10, check=POSITIVE_INTEGER)
+    precondition_frequency: Scalar = hyperparameter(10, check=POSITIVE_INTEGER)
     max_precondition_dim: int = static(10000)
     merge_dims: bool = static(False)
     precondition_1d: bool = static(False)

@@ -20,6 +20,8 @@ from ..transforms._polyak import READS_VALUE, VARIANTS, ScaleByPolyak
 from ..transforms._rprop import GROWTH_FACTOR, SHRINK_FACTOR, ScaleByRprop
 from ..transforms._sm3 import ScaleBySM3
 from ._sgd import Sgd
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def _negate() -> Scale:
@@ -49,7 +51,7 @@ class Sm3(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    momentum: Any = fields.decay_rate()
+    momentum: Scalar = fields.decay_rate()
 
     def __init__(self, learning_rate: Any, momentum: Any = 0.9):
         self.learning_rate = learning_rate
@@ -81,11 +83,11 @@ class Rprop(AbstractComposite):
     Igel & Hüsken, 2003, https://doi.org/10.1016/S0925-2312(01)00700-7
     """
 
-    learning_rate: Any = hyperparameter(check=fields.FINITE_NONNEGATIVE)
-    eta_minus: Any = hyperparameter(0.5, check=SHRINK_FACTOR)
-    eta_plus: Any = hyperparameter(1.2, check=GROWTH_FACTOR)
-    min_step_size: Any = hyperparameter(1e-6, check=NONNEGATIVE)
-    max_step_size: Any = hyperparameter(50.0, check=NONNEGATIVE)
+    learning_rate: Scalar = hyperparameter(check=fields.FINITE_NONNEGATIVE)
+    eta_minus: Scalar = hyperparameter(0.5, check=SHRINK_FACTOR)
+    eta_plus: Scalar = hyperparameter(1.2, check=GROWTH_FACTOR)
+    min_step_size: Scalar = hyperparameter(1e-6, check=NONNEGATIVE)
+    max_step_size: Scalar = hyperparameter(50.0, check=NONNEGATIVE)
 
     def build(self):
         rprop = ScaleByRprop(
@@ -123,10 +125,10 @@ class PolyakSgd(AbstractComposite):
 
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_VALUE
 
-    max_learning_rate: Any = hyperparameter(1.0, check=NONNEGATIVE)
+    max_learning_rate: Scalar = hyperparameter(1.0, check=NONNEGATIVE)
     scaling: ScalarOrSchedule = fields.learning_rate(1.0)
-    f_min: Any = hyperparameter(0.0, check=FINITE)
-    eps: Any = hyperparameter(0.0, check=NONNEGATIVE)
+    f_min: Scalar = hyperparameter(0.0, check=FINITE)
+    eps: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
     variant: str = choice("sps", VARIANTS)
 
     def build(self):
@@ -154,8 +156,8 @@ class OptimisticGradientDescent(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    alpha: Any = optimism_coefficient()
-    beta: Any = optimism_coefficient()
+    alpha: Scalar = optimism_coefficient()
+    beta: Scalar = optimism_coefficient()
 
     def build(self):
         optimistic = ScaleByOptimisticGradient(self.alpha, self.beta)
@@ -195,13 +197,13 @@ class OptimisticAdam(AbstractComposite):
     https://arxiv.org/abs/1711.00141
     """
 
-    learning_rate: Any = hyperparameter(check=fields.FINITE_NONNEGATIVE)
-    optimism: Any = optimism_coefficient(None)
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    learning_rate: Scalar = hyperparameter(check=fields.FINITE_NONNEGATIVE)
+    optimism: Scalar | None = optimism_coefficient(None)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=True, kw_only=True)
 
     def __check_init__(self):
@@ -255,13 +257,13 @@ class OptimisticAdamV2(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    alpha: Any = optimism_coefficient(kw_only=True)
-    beta: Any = optimism_coefficient(kw_only=True)
-    b1: Any = fields.decay_rate(0.9, kw_only=True)
-    b2: Any = fields.decay_rate(0.999, kw_only=True)
-    eps: Any = fields.eps(1e-8, kw_only=True)
-    eps_root: Any = fields.eps(0.0, kw_only=True)
-    mu_dtype: Any = fields.dtype(kw_only=True)
+    alpha: Scalar = optimism_coefficient(kw_only=True)
+    beta: Scalar = optimism_coefficient(kw_only=True)
+    b1: Scalar = fields.decay_rate(0.9, kw_only=True)
+    b2: Scalar = fields.decay_rate(0.999, kw_only=True)
+    eps: Scalar = fields.eps(1e-8, kw_only=True)
+    eps_root: Scalar = fields.eps(0.0, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nesterov: bool = static(default=True, kw_only=True)
 
     def build(self):
@@ -294,8 +296,8 @@ class NoisySgd(AbstractComposite):
     """
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
-    eta: Any = noise_variance()
-    gamma: Any = noise_decay()
+    eta: Scalar = noise_variance()
+    gamma: Scalar = noise_decay()
     key: jax.Array = prng_key()
 
     def __init__(

@@ -7,7 +7,6 @@ the compiled step; `staircase` and whether there is an `end_value` are structure
 from __future__ import annotations
 
 import operator
-from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -18,6 +17,7 @@ from .._fields import FINITE, NONNEGATIVE, POSITIVE, hyperparameter, static
 from ._base import AbstractSchedule
 from ._exact import Derived, derive, divide, strongly_typed
 from ._schedules import JoinSchedules, as_count, linear_schedule, with_span
+from .._fields import Scalar
 
 
 class ExponentialDecaySchedule(AbstractSchedule):
@@ -49,12 +49,12 @@ class ExponentialDecaySchedule(AbstractSchedule):
         0.25
     """
 
-    init_value: Any = hyperparameter(check=FINITE)
-    transition_steps: Any = hyperparameter(check=POSITIVE)
-    decay_rate: Any = hyperparameter(check=POSITIVE)
-    transition_begin: Any = hyperparameter(default=0, check=FINITE)
+    init_value: Scalar = hyperparameter(check=FINITE)
+    transition_steps: Scalar = hyperparameter(check=POSITIVE)
+    decay_rate: Scalar = hyperparameter(check=POSITIVE)
+    transition_begin: Scalar = hyperparameter(default=0, check=FINITE)
     staircase: bool = static(default=False)
-    end_value: Any = hyperparameter(default=None, check=FINITE)
+    end_value: Scalar | None = hyperparameter(default=None, check=FINITE)
 
     def probe_counts(self):
         # Monotone from the start of the decay on, toward `end_value` or 0, reached (or
@@ -98,14 +98,14 @@ class WarmupExponentialDecaySchedule(AbstractSchedule):
             ceiling when above.
     """
 
-    init_value: Any = hyperparameter(check=FINITE)
-    peak_value: Any = hyperparameter(check=FINITE)
-    warmup_steps: Any = hyperparameter(check=NONNEGATIVE)
-    transition_steps: Any = hyperparameter(check=POSITIVE)
-    decay_rate: Any = hyperparameter(check=POSITIVE)
-    transition_begin: Any = hyperparameter(default=0, check=FINITE)
+    init_value: Scalar = hyperparameter(check=FINITE)
+    peak_value: Scalar = hyperparameter(check=FINITE)
+    warmup_steps: Scalar = hyperparameter(check=NONNEGATIVE)
+    transition_steps: Scalar = hyperparameter(check=POSITIVE)
+    decay_rate: Scalar = hyperparameter(check=POSITIVE)
+    transition_begin: Scalar = hyperparameter(default=0, check=FINITE)
     staircase: bool = static(default=False)
-    end_value: Any = hyperparameter(default=None, check=FINITE)
+    end_value: Scalar | None = hyperparameter(default=None, check=FINITE)
     warmup_span: Derived = eqx.field(repr=False)  # `init_value - peak_value`, as optax computes it
 
     def __init__(

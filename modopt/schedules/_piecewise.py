@@ -19,6 +19,7 @@ from .._fields import FINITE, FINITE_NONNEGATIVE, _shown, choice, hyperparameter
 from ._base import AbstractSchedule, as_boundaries, as_vector
 from ._exact import divide, is_traced
 from ._schedules import as_count
+from .._fields import Scalar
 
 
 def _as_scales(values: Any) -> jax.Array:
@@ -64,7 +65,7 @@ class PiecewiseConstantSchedule(AbstractSchedule):
     Build it from optax's `{boundary: scale}` dict with `piecewise_constant_schedule`.
     """
 
-    init_value: Any = hyperparameter(check=FINITE)
+    init_value: Scalar = hyperparameter(check=FINITE)
     boundaries: Any = hyperparameter(default=(), converter=as_boundaries, ndim=1)
     scales: Any = hyperparameter(default=(), check=FINITE_NONNEGATIVE, converter=_as_scales, ndim=1)
 
@@ -140,7 +141,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
     """
 
     interpolate_type: str = choice(dataclasses.MISSING, tuple(_INTERPOLATE))
-    init_value: Any = hyperparameter(check=FINITE)
+    init_value: Scalar = hyperparameter(check=FINITE)
     boundaries: Any = hyperparameter(default=(), converter=as_boundaries, ndim=1)
     scales: Any = hyperparameter(default=(), check=FINITE_NONNEGATIVE, converter=_as_scales, ndim=1)
 

@@ -29,6 +29,7 @@ from .._fields import (
 )
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
 from ._exact import Derived, derive, divide, is_traced, power, strongly_typed
+from .._fields import Scalar
 
 
 def as_count(count: Any) -> Any:
@@ -52,7 +53,7 @@ class ConstantSchedule(AbstractSchedule):
         value: the value, a number.
     """
 
-    value: Any = hyperparameter(check=FINITE)
+    value: Scalar = hyperparameter(check=FINITE)
 
     def __call__(self, count):
         return self.value
@@ -79,11 +80,11 @@ class PolynomialSchedule(AbstractSchedule):
         transition_begin: the step at which the transition starts; a negative one counts as 0.
     """
 
-    init_value: Any = hyperparameter(check=FINITE)
-    end_value: Any = hyperparameter(check=FINITE)
-    power: Any = hyperparameter(check=FINITE_NONNEGATIVE)
-    transition_steps: Any = hyperparameter(check=FINITE)
-    transition_begin: Any = hyperparameter(default=0, check=FINITE)
+    init_value: Scalar = hyperparameter(check=FINITE)
+    end_value: Scalar = hyperparameter(check=FINITE)
+    power: Scalar = hyperparameter(check=FINITE_NONNEGATIVE)
+    transition_steps: Scalar = hyperparameter(check=FINITE)
+    transition_begin: Scalar = hyperparameter(default=0, check=FINITE)
     span: Derived = eqx.field(repr=False)  # `init_value - end_value` as optax computes it
 
     def __init__(
@@ -169,10 +170,10 @@ class CosineDecaySchedule(AbstractSchedule):
     Reference: Loshchilov & Hutter, 2016, https://arxiv.org/abs/1608.03983
     """
 
-    init_value: Any = hyperparameter(check=FINITE)
-    decay_steps: Any = hyperparameter(check=POSITIVE)
-    alpha: Any = rate(default=0.0, check=FINITE)
-    exponent: Any = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
+    init_value: Scalar = hyperparameter(check=FINITE)
+    decay_steps: Scalar = hyperparameter(check=POSITIVE)
+    alpha: Scalar = rate(default=0.0, check=FINITE)
+    exponent: Scalar = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
 
     def probe_counts(self):
         return (0, np.asarray(self.decay_steps).item())
@@ -253,12 +254,12 @@ class WarmupCosineDecaySchedule(AbstractSchedule):
         exponent: the power applied to the cosine factor, > 0 (1 for the plain cosine).
     """
 
-    init_value: Any = hyperparameter(check=FINITE)
-    peak_value: Any = hyperparameter(check=FINITE)
-    warmup_steps: Any = hyperparameter(check=NONNEGATIVE)
-    decay_steps: Any = hyperparameter(check=POSITIVE)
-    end_value: Any = hyperparameter(default=0.0, check=FINITE)
-    exponent: Any = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
+    init_value: Scalar = hyperparameter(check=FINITE)
+    peak_value: Scalar = hyperparameter(check=FINITE)
+    warmup_steps: Scalar = hyperparameter(check=NONNEGATIVE)
+    decay_steps: Scalar = hyperparameter(check=POSITIVE)
+    end_value: Scalar = hyperparameter(default=0.0, check=FINITE)
+    exponent: Scalar = hyperparameter(default=1.0, check=FINITE_NONNEGATIVE)
     warmup_span: Derived = eqx.field(repr=False)  # `init_value - peak_value`, as optax computes it
     alpha: Derived = eqx.field(repr=False)  # `end_value / peak_value` (a rate), as optax computes it
 

@@ -13,6 +13,8 @@ from .._fields import UNIT, static
 from .._moments import bias_correction, update_moment
 from .._numerics import safe_increment
 from .._trees import cast, map_updates, zeros_like
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class TraceState(NamedTuple):
@@ -34,9 +36,9 @@ class Trace(AbstractTransform):
 
     elementwise_updates = True
 
-    decay: Any = fields.momentum()
+    decay: Scalar = fields.momentum()
     nesterov: bool = static(default=False)
-    accumulator_dtype: Any = fields.dtype()
+    accumulator_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
         return TraceState(trace=zeros_like(params, self.accumulator_dtype))
@@ -68,9 +70,9 @@ class Ema(AbstractTransform):
 
     elementwise_updates = True
 
-    decay: Any = fields.decay_rate(check=UNIT)
+    decay: Scalar = fields.decay_rate(check=UNIT)
     debias: bool = static(default=True)
-    accumulator_dtype: Any = fields.dtype()
+    accumulator_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
         return EmaState(count=jnp.zeros([], jnp.int32), ema=zeros_like(params, self.accumulator_dtype))

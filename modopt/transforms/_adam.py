@@ -14,6 +14,8 @@ from .._fields import static
 from .._moments import bias_correction, update_infinity_moment, update_moment, update_moment_per_elem_norm
 from .._numerics import safe_increment
 from .._trees import cast, cast_like, is_none, zeros_like
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def debiased_mu(mu: Any, updates: Any, b1: Any, count: Any, nesterov: bool) -> Any:
@@ -70,11 +72,11 @@ class ScaleByAdam(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=False, kw_only=True)
 
     def init(self, params):
@@ -111,9 +113,9 @@ class ScaleByAdamax(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
 
     def init(self, params):
         return ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params), nu=zeros_like(params))
@@ -161,11 +163,11 @@ class ScaleByAmsgrad(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype()
     bias_correction_mu: bool = static(default=True)
     bias_correction_nu: bool = static(default=True)
 

@@ -16,6 +16,8 @@ from .._moments import bias_correction, update_moment
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
 from .._trees import abs_sq, cast, cast_like, zeros_like
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 PER_LEAF = "leaf"
 PER_ELEMENT = "element"
@@ -193,10 +195,10 @@ class ScaleByAdamMini(AbstractTransform):
     https://arxiv.org/abs/2406.16793
     """
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    mu_dtype: DTypeLike | None = fields.dtype()
     partition: Any = fields.mask()
 
     def __check_init__(self):

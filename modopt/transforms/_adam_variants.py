@@ -14,6 +14,7 @@ from .._moments import bias_correction, update_moment, update_moment_per_elem_no
 from .._numerics import safe_increment
 from .._trees import abs_sq, full_like, map_updates, select, zeros_like
 from ._adam import ScaleByAdamState, debiased_mu, moment_ratio
+from .._fields import Scalar
 
 
 def _adam_state(params: Any, initial_value: Any = 0.0) -> ScaleByAdamState:
@@ -54,10 +55,10 @@ class ScaleByBelief(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-16)
-    eps_root: Any = fields.eps(1e-16)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-16)
+    eps_root: Scalar = fields.eps(1e-16)
     nesterov: bool = static(default=False, kw_only=True)
 
     def init(self, params):
@@ -95,11 +96,11 @@ class ScaleByYogi(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-3)
-    eps_root: Any = fields.eps(0.0)
-    initial_accumulator_value: Any = fields.eps(1e-6)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-3)
+    eps_root: Scalar = fields.eps(0.0)
+    initial_accumulator_value: Scalar = fields.eps(1e-6)
 
     def init(self, params):
         return _adam_state(params, self.initial_accumulator_value)
@@ -139,11 +140,11 @@ class ScaleByRadam(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
-    threshold: Any = hyperparameter(5.0, check=NONNEGATIVE)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
+    threshold: Scalar = hyperparameter(5.0, check=NONNEGATIVE)
     nesterov: bool = static(default=False, kw_only=True)
 
     def init(self, params):
@@ -201,11 +202,11 @@ class ScaleByAdan(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.98)
-    b2: Any = fields.decay_rate(0.92)
-    b3: Any = fields.decay_rate(0.99)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
+    b1: Scalar = fields.decay_rate(0.98)
+    b2: Scalar = fields.decay_rate(0.92)
+    b3: Scalar = fields.decay_rate(0.99)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
 
     def init(self, params):
         zeros = lambda: zeros_like(params)  # noqa: E731

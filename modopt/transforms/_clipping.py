@@ -14,6 +14,7 @@ from .._base import AbstractTransform, EmptyState, Updates, init_empty_state, re
 from .._fields import NONNEGATIVE, POSITIVE, Check, hyperparameter, is_concrete, static
 from .._numerics import abs_sq, global_norm
 from .._trees import map_updates
+from .._fields import Scalar
 
 
 class Clip(AbstractTransform):
@@ -25,7 +26,7 @@ class Clip(AbstractTransform):
 
     elementwise_updates = True
 
-    max_delta: Any = hyperparameter(check=NONNEGATIVE)
+    max_delta: Scalar = hyperparameter(check=NONNEGATIVE)
 
     def init(self, params):
         return init_empty_state(params)
@@ -44,7 +45,7 @@ class ClipByGlobalNorm(AbstractTransform):
     Reference: Pascanu et al., 2012, https://arxiv.org/abs/1211.5063
     """
 
-    max_norm: Any = hyperparameter(check=POSITIVE)
+    max_norm: Scalar = hyperparameter(check=POSITIVE)
 
     def init(self, params):
         return init_empty_state(params)
@@ -65,7 +66,7 @@ class ClipByBlockRms(AbstractTransform):
     Reference: Shazeer & Stern, 2018 (Adafactor), https://arxiv.org/abs/1804.04235
     """
 
-    threshold: Any = hyperparameter(check=POSITIVE)
+    threshold: Scalar = hyperparameter(check=POSITIVE)
 
     def init(self, params):
         return init_empty_state(params)
@@ -104,8 +105,8 @@ class AdaptiveGradClip(AbstractTransform):
     Reference: Brock et al., 2021 (NFNets), https://arxiv.org/abs/2102.06171
     """
 
-    clipping: Any = hyperparameter(check=NONNEGATIVE)
-    eps: Any = fields.eps(1e-3)
+    clipping: Scalar = hyperparameter(check=NONNEGATIVE)
+    eps: Scalar = fields.eps(1e-3)
     axis: int | tuple[int, ...] | None = static(default=None, converter=_as_axis)
 
     def init(self, params):

@@ -12,6 +12,8 @@ from .._base import AbstractTransform, require_params
 from .._fields import FINITE, NONNEGATIVE, hyperparameter
 from .._specs import REPLICATED
 from .._trees import is_none, map_updates
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleByDistanceOverGradientsState(NamedTuple):
@@ -55,10 +57,10 @@ class ScaleByDistanceOverGradients(AbstractTransform):
     Step Size Schedule", https://arxiv.org/abs/2302.12022
     """
 
-    reps_rel: Any = hyperparameter(1e-6, check=NONNEGATIVE)
-    eps: Any = fields.eps(1e-8)
-    param_dtype: Any = fields.dtype(jnp.float32)
-    global_scale: Any = hyperparameter(1.0, check=FINITE)
+    reps_rel: Scalar = hyperparameter(1e-6, check=NONNEGATIVE)
+    eps: Scalar = fields.eps(1e-8)
+    param_dtype: DTypeLike | None = fields.dtype(jnp.float32)
+    global_scale: Scalar = hyperparameter(1.0, check=FINITE)
 
     def init(self, params):
         return ScaleByDistanceOverGradientsState(

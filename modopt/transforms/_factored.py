@@ -13,6 +13,7 @@ from .._base import AbstractTransform, require_params
 from .._fields import NONNEGATIVE, UNIT, hyperparameter, static
 from .._numerics import abs_sq, safe_increment
 from .._specs import REPLICATED, drop_axis
+from .._fields import Scalar
 
 
 def decay_rate_pow(step: jax.Array, exponent: Any = 0.8) -> jax.Array:
@@ -73,10 +74,10 @@ class ScaleByFactoredRms(AbstractTransform):
     """
 
     factored: bool = static(default=True)
-    decay_rate: Any = hyperparameter(default=0.8, check=UNIT)
-    step_offset: Any = hyperparameter(default=0, check=NONNEGATIVE)
+    decay_rate: Scalar = hyperparameter(default=0.8, check=UNIT)
+    step_offset: Scalar = hyperparameter(default=0, check=NONNEGATIVE)
     min_dim_size_to_factor: int = static(default=128)
-    epsilon: Any = hyperparameter(default=1e-30, check=NONNEGATIVE)
+    epsilon: Scalar = hyperparameter(default=1e-30, check=NONNEGATIVE)
     decay_rate_fn: Callable[[Any, Any], Any] = static(default=decay_rate_pow)
 
     def _dims(self, leaf):

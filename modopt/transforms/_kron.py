@@ -19,6 +19,8 @@ from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
 from .._trees import cast_like, zeros_like
 from ..schedules._base import AbstractSchedule, ScalarOrSchedule, _scalar_or_schedule, value_at
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 MEMORY_SAVE_MODES = (None, "smart_one_diag", "one_diag", "all_diag")
 # The damping added to the probed gradient, `sqrt(float32 eps) * mean|g| * v`, as the reference.
@@ -49,10 +51,10 @@ class PrecondUpdateProbSchedule(AbstractSchedule):
     Reference: `kron_torch.precond_update_prob_schedule` (Evan Walters), https://github.com/evanatyourservice/kron_torch
     """
 
-    max_prob: Any = hyperparameter(1.0, check=UNIT)
-    min_prob: Any = hyperparameter(0.03, check=UNIT)
-    decay: Any = hyperparameter(0.001, check=NONNEGATIVE)
-    flat_start: Any = hyperparameter(500, check=FINITE)
+    max_prob: Scalar = hyperparameter(1.0, check=UNIT)
+    min_prob: Scalar = hyperparameter(0.03, check=UNIT)
+    decay: Scalar = hyperparameter(0.001, check=NONNEGATIVE)
+    flat_start: Scalar = hyperparameter(500, check=FINITE)
 
     def probe_counts(self):
         # Flat, then decreasing toward the floor: the extremes are at 0 and far away.
@@ -210,7 +212,7 @@ class ScaleByKron(AbstractTransform):
     Kron implementation of https://github.com/evanatyourservice/kron_torch.
     """
 
-    b1: Any = fields.decay_rate(0.9)
+    b1: Scalar = fields.decay_rate(0.9)
     preconditioner_update_probability: ScalarOrSchedule = hyperparameter(
         None, check=UNIT, kind="number_or_schedule", converter=_probability
     )
@@ -218,12 +220,12 @@ class ScaleByKron(AbstractTransform):
     min_ndim_triangular: int = static(default=2)
     memory_save_mode: str | None = choice(None, MEMORY_SAVE_MODES)
     momentum_into_precond_update: bool = static(default=True)
-    precond_lr: Any = hyperparameter(0.1, check=UNIT)
-    precond_init_scale: Any = hyperparameter(1.0, check=POSITIVE)
+    precond_lr: Scalar = hyperparameter(0.1, check=UNIT)
+    precond_init_scale: Scalar = hyperparameter(1.0, check=POSITIVE)
     merge_dims: bool = static(default=True)
-    mu_dtype: Any = fields.dtype()
-    precond_dtype: Any = fields.dtype()
-    balance_prob: Any = hyperparameter(0.01, check=UNIT, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype()
+    precond_dtype: DTypeLike | None = fields.dtype()
+    balance_prob: Scalar = hyperparameter(0.01, check=UNIT, kw_only=True)
     key: jax.Array = prng_key(0, kw_only=True)
 
     def __check_init__(self):

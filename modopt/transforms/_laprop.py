@@ -13,6 +13,8 @@ from .._moments import bias_correction, update_moment, update_moment_per_elem_no
 from .._numerics import safe_increment
 from .._trees import cast, cast_like, zeros_like
 from ._adam import moment_ratio
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleByLapropState(NamedTuple):
@@ -55,10 +57,10 @@ class ScaleByLaprop(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.999)
-    eps: Any = fields.eps(1e-15)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.999)
+    eps: Scalar = fields.eps(1e-15)
+    mu_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
         return ScaleByLapropState(

@@ -5,7 +5,6 @@ A "layer" (or block) is one leaf of the params. These transforms are stateless.
 
 from __future__ import annotations
 
-from typing import Any
 
 import jax.numpy as jnp
 
@@ -14,6 +13,7 @@ from .._base import AbstractTransform, EmptyState, init_empty_state, require_par
 from .._fields import FINITE, NONNEGATIVE, hyperparameter
 from .._numerics import global_norm, safe_norm
 from .._trees import map_updates
+from .._fields import Scalar
 
 
 class ScaleByTrustRatio(AbstractTransform):
@@ -34,9 +34,9 @@ class ScaleByTrustRatio(AbstractTransform):
     Reference: You et al., 2020 (LAMB), https://arxiv.org/abs/1904.00962
     """
 
-    min_norm: Any = hyperparameter(default=0.0, check=NONNEGATIVE)
-    trust_coefficient: Any = hyperparameter(default=1.0, check=NONNEGATIVE)
-    eps: Any = fields.eps(0.0)
+    min_norm: Scalar = hyperparameter(default=0.0, check=NONNEGATIVE)
+    trust_coefficient: Scalar = hyperparameter(default=1.0, check=NONNEGATIVE)
+    eps: Scalar = fields.eps(0.0)
 
     def init(self, params):
         return init_empty_state(params)
@@ -85,8 +85,8 @@ class NormalizeByUpdateNorm(AbstractTransform):
         eps: added to the global norm, >= 0, so that a zero update stays finite.
     """
 
-    scale_factor: Any = hyperparameter(default=1.0, check=FINITE)
-    eps: Any = fields.eps(1e-6)
+    scale_factor: Scalar = hyperparameter(default=1.0, check=FINITE)
+    eps: Scalar = fields.eps(1e-6)
 
     def init(self, params):
         return init_empty_state(params)

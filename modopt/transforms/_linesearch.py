@@ -22,6 +22,7 @@ from .._checks import _first_difference as first_difference
 from .._extra_args import ExtraArg, extra_arg
 from .._fields import NONNEGATIVE, POSITIVE, PROBABILITY_EXCLUSIVE, Check, hyperparameter, interval, static
 from .._trees import cast_like, is_none, zeros_like
+from .._fields import Scalar
 
 READS_LOSS = (
     ExtraArg("value", "the loss at the current parameters"),
@@ -203,12 +204,12 @@ class ScaleByBacktrackingLinesearch(AbstractTransform):
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_LOSS
 
     max_backtracking_steps: int = static()
-    slope_rtol: Any = hyperparameter(1e-4, check=PROBABILITY_EXCLUSIVE)
-    decrease_factor: Any = hyperparameter(0.8, check=interval(0, 1, closed_lo=False))
-    increase_factor: Any = hyperparameter(1.5, check=AT_LEAST_ONE)
-    max_learning_rate: Any = hyperparameter(1.0, check=POSITIVE)
-    atol: Any = hyperparameter(0.0, check=NONNEGATIVE)
-    rtol: Any = hyperparameter(0.0, check=NONNEGATIVE)
+    slope_rtol: Scalar = hyperparameter(1e-4, check=PROBABILITY_EXCLUSIVE)
+    decrease_factor: Scalar = hyperparameter(0.8, check=interval(0, 1, closed_lo=False))
+    increase_factor: Scalar = hyperparameter(1.5, check=AT_LEAST_ONE)
+    max_learning_rate: Scalar = hyperparameter(1.0, check=POSITIVE)
+    atol: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
+    rtol: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
     store_grad: bool = static(default=False)
     verbose: bool = static(default=False)
 

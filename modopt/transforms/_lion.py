@@ -13,6 +13,8 @@ from .._fields import POSITIVE, UNIT, choice, hyperparameter
 from .._moments import update_moment
 from .._numerics import safe_increment
 from .._trees import cast, map_updates, zeros_like
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 MODES = ("hard", "smooth", "refined")
 
@@ -47,11 +49,11 @@ class ScaleByLion(AbstractTransform):
 
     elementwise_updates = True
 
-    b1: Any = fields.decay_rate(0.9, check=UNIT)  # an interpolation weight: 1 is allowed
-    b2: Any = fields.decay_rate(0.99)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.9, check=UNIT)  # an interpolation weight: 1 is allowed
+    b2: Scalar = fields.decay_rate(0.99)
+    mu_dtype: DTypeLike | None = fields.dtype()
     mode: str = choice("hard", MODES, kw_only=True)
-    smooth_beta: Any = hyperparameter(1.0, check=POSITIVE, kw_only=True)
+    smooth_beta: Scalar = hyperparameter(1.0, check=POSITIVE, kw_only=True)
 
 
     def _sign(self, c: jax.Array) -> jax.Array:

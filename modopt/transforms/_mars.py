@@ -14,6 +14,8 @@ from .._moments import bias_correction, update_moment, update_moment_per_elem_no
 from .._numerics import safe_increment
 from .._trees import abs_sq, cast, cast_like, map_updates, zeros_like
 from ._adam import moment_ratio
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleByMarsState(NamedTuple):
@@ -74,12 +76,12 @@ class ScaleByMars(AbstractTransform):
     Large Models", https://arxiv.org/abs/2411.10438
     """
 
-    b1: Any = fields.decay_rate(0.95)
-    b2: Any = fields.decay_rate(0.99)
-    gamma: Any = hyperparameter(0.025, check=NONNEGATIVE)
-    eps: Any = fields.eps(1e-8)
-    max_norm: Any = hyperparameter(1.0, check=POSITIVE, optional=True)
-    mu_dtype: Any = fields.dtype()
+    b1: Scalar = fields.decay_rate(0.95)
+    b2: Scalar = fields.decay_rate(0.99)
+    gamma: Scalar = hyperparameter(0.025, check=NONNEGATIVE)
+    eps: Scalar = fields.eps(1e-8)
+    max_norm: Scalar | None = hyperparameter(1.0, check=POSITIVE, optional=True)
+    mu_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
         return ScaleByMarsState(

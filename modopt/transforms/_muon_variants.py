@@ -33,6 +33,8 @@ from ._newton_schulz import (
     orthogonalize,
     shape_of,
 )
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleByNorMuonState(NamedTuple):
@@ -173,11 +175,11 @@ class ScaleByNorMuon(_AbstractMuonVariant):
 
     ns_coeffs: Any = eqx.field(default=DEFAULT_NS_COEFFS, converter=as_ns_coeffs)
     ns_steps: int = static(default=5)
-    beta: Any = fields.decay_rate(0.95)
-    b2: Any = fields.decay_rate(0.95)
-    eps: Any = fields.eps(1e-10)
-    mu_dtype: Any = fields.dtype()
-    consistent_rms: Any = hyperparameter(0.2, check=fields.NONNEGATIVE, optional=True)
+    beta: Scalar = fields.decay_rate(0.95)
+    b2: Scalar = fields.decay_rate(0.95)
+    eps: Scalar = fields.eps(1e-10)
+    mu_dtype: DTypeLike | None = fields.dtype()
+    consistent_rms: Scalar | None = hyperparameter(0.2, check=fields.NONNEGATIVE, optional=True)
     nesterov: bool = static(default=True, kw_only=True)
     preconditioning: str = choice("frobenius", PRECONDITIONINGS, kw_only=True)
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
@@ -282,11 +284,11 @@ class ScaleByAdaMuon(_AbstractMuonVariant):
 
     ns_coeffs: Any = eqx.field(default=DEFAULT_NS_COEFFS, converter=as_ns_coeffs)
     ns_steps: int = static(default=5)
-    beta: Any = fields.decay_rate(0.95)
-    b2: Any = fields.decay_rate(0.95)
-    eps: Any = fields.eps(1e-8)
-    mu_dtype: Any = fields.dtype()
-    consistent_rms: Any = hyperparameter(0.2, check=fields.NONNEGATIVE)
+    beta: Scalar = fields.decay_rate(0.95)
+    b2: Scalar = fields.decay_rate(0.95)
+    eps: Scalar = fields.eps(1e-8)
+    mu_dtype: DTypeLike | None = fields.dtype()
+    consistent_rms: Scalar = hyperparameter(0.2, check=fields.NONNEGATIVE)
     nesterov: bool = static(default=True, kw_only=True)
     sign_stabilization: bool = static(default=True, kw_only=True)
     preconditioning: str = choice("frobenius", PRECONDITIONINGS, kw_only=True)

@@ -21,6 +21,7 @@ from .. import fields
 from .._base import AbstractTransform, init_empty_state
 from .._checks import prefix_difference
 from .._fields import StaticTree, as_static_tree, hyperparameter, static
+from .._fields import Scalar
 
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 NS_COEFFS_PRESETS = {
@@ -298,7 +299,7 @@ class ScaleByShape(AbstractTransform):
     """
 
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers)
-    consistent_rms: Any = hyperparameter(None, check=fields.NONNEGATIVE)
+    consistent_rms: Scalar | None = hyperparameter(None, check=fields.NONNEGATIVE)
     owner: str = static(default="muon", kw_only=True)
 
     def init(self, params):

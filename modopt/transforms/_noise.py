@@ -11,6 +11,7 @@ from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, as_key, hyperparameter, prng_key
 from .._numerics import safe_increment
 from ..fields import MISSING
+from .._fields import Scalar
 
 
 def noise_variance(default: Any = MISSING, **kwargs: Any):
@@ -56,8 +57,8 @@ class AddNoise(AbstractTransform):
     Reference: Neelakantan et al., 2015, https://arxiv.org/abs/1511.06807
     """
 
-    eta: Any = noise_variance()
-    gamma: Any = noise_decay()
+    eta: Scalar = noise_variance()
+    gamma: Scalar = noise_decay()
     key: jax.Array = prng_key()
 
     def __init__(self, eta: Any, gamma: Any, key: Any = None, *, seed: Any = None):

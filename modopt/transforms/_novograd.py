@@ -14,6 +14,8 @@ from .._numerics import safe_increment
 from .._specs import REPLICATED
 from .._trees import abs_sq, cast, map_updates, zeros_like
 from ..schedules._base import ScalarOrSchedule, value_at
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleByNovogradState(NamedTuple):
@@ -44,12 +46,12 @@ class ScaleByNovograd(AbstractTransform):
     Reference: Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286
     """
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(0.25)
-    eps: Any = fields.eps(1e-8)
-    eps_root: Any = fields.eps(0.0)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(0.25)
+    eps: Scalar = fields.eps(1e-8)
+    eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mu_dtype: Any = fields.dtype()
+    mu_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
         nu = jax.tree_util.tree_map(lambda p: jnp.zeros([], p.dtype), params)

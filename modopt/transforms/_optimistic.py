@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter
 from .._trees import map_updates, zeros_like
+from .._fields import Scalar
 
 
 def optimism_coefficient(default: Any = 1.0, **kwargs: Any):
@@ -40,8 +41,8 @@ class ScaleByOptimisticGradient(AbstractTransform):
 
     elementwise_updates = True
 
-    alpha: Any = optimism_coefficient()
-    beta: Any = optimism_coefficient()
+    alpha: Scalar = optimism_coefficient()
+    beta: Scalar = optimism_coefficient()
 
     def init(self, params):
         return ScaleByOptimisticGradientState(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +12,7 @@ from .._base import AbstractTransform, init_empty_state
 from .._extra_args import ExtraArg, extra_arg
 from .._fields import FINITE, NONNEGATIVE, choice, hyperparameter
 from .._trees import sum_of_squares
+from .._fields import Scalar
 
 VARIANTS = ("sps", "sps+")
 READS_VALUE = (ExtraArg("value", "the loss at the current parameters"),)
@@ -43,9 +44,9 @@ class ScaleByPolyak(AbstractTransform):
 
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_VALUE
 
-    f_min: Any = hyperparameter(0.0, check=FINITE)
-    max_learning_rate: Any = hyperparameter(1.0, check=NONNEGATIVE)
-    eps: Any = hyperparameter(0.0, check=NONNEGATIVE)
+    f_min: Scalar = hyperparameter(0.0, check=FINITE)
+    max_learning_rate: Scalar = hyperparameter(1.0, check=NONNEGATIVE)
+    eps: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
     variant: str = choice("sps", VARIANTS)
 
     def init(self, params):

@@ -12,6 +12,7 @@ from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, prng_key
 from ..fields import MISSING
 from ._clipping import _check_batched, per_example_global_norm_clip
 from ._noise import key_or_seed
+from .._fields import Scalar
 
 
 def dp_l2_norm_clip(default: Any = MISSING, **kwargs: Any):
@@ -78,8 +79,8 @@ class DifferentiallyPrivateAggregate(AbstractTransform):
 
     per_example_updates: ClassVar[bool] = True
 
-    l2_norm_clip: Any = dp_l2_norm_clip()
-    noise_multiplier: Any = dp_noise_multiplier()
+    l2_norm_clip: Scalar = dp_l2_norm_clip()
+    noise_multiplier: Scalar = dp_noise_multiplier()
     key: jax.Array = prng_key()
 
     def __init__(self, l2_norm_clip: Any, noise_multiplier: Any, seed: Any = None, *, key: Any = None):

@@ -14,6 +14,7 @@ from .._moments import bias_correction as debias
 from .._moments import update_moment, update_moment_per_elem_norm
 from .._numerics import safe_increment
 from .._trees import abs_sq, full_like, map_updates, zeros_like
+from .._fields import Scalar
 
 
 class ScaleByRssState(NamedTuple):
@@ -37,8 +38,8 @@ class ScaleByRss(AbstractTransform):
 
     elementwise_updates = True
 
-    initial_accumulator_value: Any = fields.eps(0.1)
-    eps: Any = fields.eps(1e-7)
+    initial_accumulator_value: Scalar = fields.eps(0.1)
+    eps: Scalar = fields.eps(1e-7)
 
     def init(self, params):
         return ScaleByRssState(sum_of_squares=full_like(params, self.initial_accumulator_value))
@@ -116,9 +117,9 @@ class ScaleByRms(AbstractTransform):
 
     elementwise_updates = True
 
-    decay: Any = fields.decay_rate(0.9)
-    eps: Any = fields.eps(1e-8)
-    initial_scale: Any = fields.eps(0.0)
+    decay: Scalar = fields.decay_rate(0.9)
+    eps: Scalar = fields.eps(1e-8)
+    initial_scale: Scalar = fields.eps(0.0)
     eps_in_sqrt: bool = static(default=True)
     bias_correction: bool = static(default=False)
 
@@ -158,9 +159,9 @@ class ScaleByStddev(AbstractTransform):
 
     elementwise_updates = True
 
-    decay: Any = fields.decay_rate(0.9)
-    eps: Any = fields.eps(1e-8)
-    initial_scale: Any = fields.eps(0.0)
+    decay: Scalar = fields.decay_rate(0.9)
+    eps: Scalar = fields.eps(1e-8)
+    initial_scale: Scalar = fields.eps(0.0)
     eps_in_sqrt: bool = static(default=True)
     bias_correction: bool = static(default=False)
 
@@ -204,8 +205,8 @@ class ScaleByAdadelta(AbstractTransform):
 
     elementwise_updates = True
 
-    rho: Any = fields.decay_rate(0.9)
-    eps: Any = fields.eps(1e-6)
+    rho: Scalar = fields.decay_rate(0.9)
+    eps: Scalar = fields.eps(1e-6)
 
     def init(self, params):
         return ScaleByAdaDeltaState(e_g=zeros_like(params), e_x=zeros_like(params))

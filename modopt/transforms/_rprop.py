@@ -12,6 +12,7 @@ from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter, interval, is_concrete
 from .._trees import full_like, map_updates, zeros_like
 from ._real_only import reject_complex
+from .._fields import Scalar
 
 SHRINK_FACTOR = interval(0, 1, closed_lo=False, closed_hi=True)  # (0, 1]
 GROWTH_FACTOR = interval(1, float("inf"))  # [1, inf)
@@ -53,11 +54,11 @@ class ScaleByRprop(AbstractTransform):
 
     elementwise_updates = True
 
-    learning_rate: Any = hyperparameter(check=fields.FINITE_NONNEGATIVE)
-    eta_minus: Any = hyperparameter(0.5, check=SHRINK_FACTOR)
-    eta_plus: Any = hyperparameter(1.2, check=GROWTH_FACTOR)
-    min_step_size: Any = hyperparameter(1e-6, check=NONNEGATIVE)
-    max_step_size: Any = hyperparameter(50.0, check=NONNEGATIVE)
+    learning_rate: Scalar = hyperparameter(check=fields.FINITE_NONNEGATIVE)
+    eta_minus: Scalar = hyperparameter(0.5, check=SHRINK_FACTOR)
+    eta_plus: Scalar = hyperparameter(1.2, check=GROWTH_FACTOR)
+    min_step_size: Scalar = hyperparameter(1e-6, check=NONNEGATIVE)
+    max_step_size: Scalar = hyperparameter(50.0, check=NONNEGATIVE)
 
     def __check_init__(self):
         check_step_size_bounds(self)

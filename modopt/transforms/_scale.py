@@ -15,6 +15,7 @@ from .._numerics import safe_increment, safe_norm, safe_root_mean_squares
 from .._trees import map_updates
 from ..schedules._base import AbstractSchedule, MappedSchedule, ScalarOrSchedule, is_schedule, scalar_or_schedule, value_at
 from ._stateless import Identity
+from .._fields import Scalar
 
 
 class Scale(AbstractTransform):
@@ -26,7 +27,7 @@ class Scale(AbstractTransform):
 
     elementwise_updates = True
 
-    step_size: Any = hyperparameter()
+    step_size: Scalar = hyperparameter()
 
     def init(self, params):
         return init_empty_state(params)
@@ -101,7 +102,7 @@ class ScaleByParamBlockNorm(AbstractTransform):
             still move.
     """
 
-    min_scale: Any = hyperparameter(default=1e-3, check=NONNEGATIVE)
+    min_scale: Scalar = hyperparameter(default=1e-3, check=NONNEGATIVE)
 
     def init(self, params):
         return init_empty_state(params)
@@ -123,7 +124,7 @@ class ScaleByParamBlockRms(AbstractTransform):
     Reference: Shazeer & Stern, 2018 (Adafactor), https://arxiv.org/abs/1804.04235
     """
 
-    min_scale: Any = hyperparameter(default=1e-3, check=NONNEGATIVE)
+    min_scale: Scalar = hyperparameter(default=1e-3, check=NONNEGATIVE)
 
     def init(self, params):
         return init_empty_state(params)

@@ -16,6 +16,7 @@ from .._moments import update_moment
 from .._specs import REPLICATED, padded
 from .._trees import cast_like, zeros_like
 from ._real_only import reject_complex
+from .._fields import Scalar
 
 
 class ScaleBySM3State(NamedTuple):
@@ -54,9 +55,9 @@ class ScaleBySM3(AbstractTransform):
     https://arxiv.org/abs/1901.11150
     """
 
-    b1: Any = fields.decay_rate(0.9)
-    b2: Any = fields.decay_rate(1.0, check=UNIT)
-    eps: Any = fields.eps(1e-8)
+    b1: Scalar = fields.decay_rate(0.9)
+    b2: Scalar = fields.decay_rate(1.0, check=UNIT)
+    eps: Scalar = fields.eps(1e-8)
 
     def init(self, params):
         reject_complex(params, self)

@@ -16,6 +16,7 @@ from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
 from .._moments import update_moment
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
+from .._fields import Scalar
 
 DATA_FORMATS = ("channels_first", "channels_last")
 _CHANNELS_FIRST = (0, 3, 1, 2)  # a channels-last 4-D leaf's axes in channels-first order
@@ -150,11 +151,11 @@ class ScaleBySoap(AbstractTransform):
     https://arxiv.org/abs/2409.11321
     """
 
-    b1: Any = fields.decay_rate(0.95)
-    b2: Any = fields.decay_rate(0.95)
-    shampoo_beta: Any = fields.decay_rate(None)
-    eps: Any = fields.eps(1e-8)
-    precondition_frequency: Any = hyperparameter(10, check=POSITIVE_INTEGER)
+    b1: Scalar = fields.decay_rate(0.95)
+    b2: Scalar = fields.decay_rate(0.95)
+    shampoo_beta: Scalar | None = fields.decay_rate(None)
+    eps: Scalar = fields.eps(1e-8)
+    precondition_frequency: Scalar = hyperparameter(10, check=POSITIVE_INTEGER)
     max_precondition_dim: int = static(10000)
     merge_dims: bool = static(False)
     precondition_1d: bool = static(False)

@@ -12,6 +12,7 @@ from .._extra_args import ExtraArg
 from .._fields import NONNEGATIVE, POSITIVE, PROBABILITY_EXCLUSIVE, choice, hyperparameter, static
 from .._trees import cast_like, select
 from ._linesearch import AT_LEAST_ONE, READS_LOSS, check_count, inner, moved, read_loss, scaled, value_dtype
+from .._fields import Scalar
 
 STRATEGIES = ("one", "keep")
 
@@ -123,13 +124,13 @@ class ScaleByZoomLinesearch(AbstractTransform):
     extra_args_spec: ClassVar[tuple[ExtraArg, ...]] = READS_LOSS
 
     max_linesearch_steps: int = static()
-    max_learning_rate: Any = hyperparameter(None, check=POSITIVE)
-    tol: Any = hyperparameter(0.0, check=NONNEGATIVE)
-    increase_factor: Any = hyperparameter(2.0, check=AT_LEAST_ONE)
-    slope_rtol: Any = hyperparameter(1e-4, check=PROBABILITY_EXCLUSIVE)
-    curv_rtol: Any = hyperparameter(0.9, check=NONNEGATIVE)
-    approx_dec_rtol: Any = hyperparameter(1e-6, check=NONNEGATIVE, optional=True)
-    stepsize_precision: Any = hyperparameter(1e-5, check=NONNEGATIVE)
+    max_learning_rate: Scalar | None = hyperparameter(None, check=POSITIVE)
+    tol: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
+    increase_factor: Scalar = hyperparameter(2.0, check=AT_LEAST_ONE)
+    slope_rtol: Scalar = hyperparameter(1e-4, check=PROBABILITY_EXCLUSIVE)
+    curv_rtol: Scalar = hyperparameter(0.9, check=NONNEGATIVE)
+    approx_dec_rtol: Scalar | None = hyperparameter(1e-6, check=NONNEGATIVE, optional=True)
+    stepsize_precision: Scalar = hyperparameter(1e-5, check=NONNEGATIVE)
     initial_guess_strategy: str = choice("keep", STRATEGIES)
     verbose: bool = static(default=False)
 

@@ -26,6 +26,8 @@ from ..transforms import (
 )
 from ..transforms._real_only import reject_complex
 from ._base import Optimizer, learning_rate_field
+from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class TraxFactoredState(NamedTuple):
@@ -65,8 +67,8 @@ class ScaleByTraxFactoredRms(AbstractTransform):
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
 
-    decay_rate: Any = hyperparameter(0.8, check=NONNEGATIVE)
-    epsilon1: Any = fields.eps(1e-16)
+    decay_rate: Scalar = hyperparameter(0.8, check=NONNEGATIVE)
+    epsilon1: Scalar = fields.eps(1e-16)
     factored: bool = static(default=True)
 
     def _factors(self, p: Any) -> bool:
@@ -141,8 +143,8 @@ class StoredEma(AbstractTransform):
         dtype: the dtype the average is stored in (`None`: that of the params).
     """
 
-    decay: Any = hyperparameter(check=UNIT)
-    dtype: Any = fields.dtype()
+    decay: Scalar = hyperparameter(check=UNIT)
+    dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
         return StoredEmaState(ema=zeros_like(params, self.dtype))
@@ -165,8 +167,8 @@ class WeightDecayRamp(AbstractSchedule):
         weight_decay_n_steps: the length of the ramp, >= 0; below 1 the decay stays constant.
     """
 
-    weight_decay_rate: Any = hyperparameter(check=FINITE)
-    weight_decay_n_steps: Any = hyperparameter(0, check=NONNEGATIVE)
+    weight_decay_rate: Scalar = hyperparameter(check=FINITE)
+    weight_decay_n_steps: Scalar = hyperparameter(0, check=NONNEGATIVE)
 
     def __call__(self, count):
         n = jnp.asarray(self.weight_decay_n_steps)
@@ -227,19 +229,19 @@ class Adafactor(Optimizer):
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
 
-    learning_rate: Any = learning_rate_field(0.05)
+    learning_rate: Scalar = learning_rate_field(0.05)
     factored: bool = static(default=True)
     multiply_by_parameter_scale: bool = static(default=True)
     do_clipping: bool = static(default=True)
     do_momentum: bool = static(default=False)
     momentum_in_bfloat16: bool = static(default=False)
-    beta1: Any = hyperparameter(0.0, check=UNIT)
-    decay_rate: Any = hyperparameter(0.8, check=NONNEGATIVE)
-    clipping_threshold: Any = hyperparameter(1.0, check=POSITIVE)
-    weight_decay_rate: Any = hyperparameter(1e-5, check=FINITE)
-    weight_decay_n_steps: Any = hyperparameter(0, check=NONNEGATIVE)
-    epsilon1: Any = fields.eps(1e-16)
-    epsilon2: Any = fields.eps(1e-3)
+    beta1: Scalar = hyperparameter(0.0, check=UNIT)
+    decay_rate: Scalar = hyperparameter(0.8, check=NONNEGATIVE)
+    clipping_threshold: Scalar = hyperparameter(1.0, check=POSITIVE)
+    weight_decay_rate: Scalar = hyperparameter(1e-5, check=FINITE)
+    weight_decay_n_steps: Scalar = hyperparameter(0, check=NONNEGATIVE)
+    epsilon1: Scalar = fields.eps(1e-16)
+    epsilon2: Scalar = fields.eps(1e-3)
 
     @property
     def opt_param_names(self):

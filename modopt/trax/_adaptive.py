@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import fields
 from .._base import EmptyState
 from .._fields import FINITE, POSITIVE, PROBABILITY_EXCLUSIVE, hyperparameter
 from ..combinators import Chain
 from ..transforms import ScaleByAdam, ScaleByAdamState, ScaleByLearningRate, ScaleByRms, ScaleByRmsState
 from ._base import Optimizer, learning_rate_field, weight_decay_after_learning_rate
+from .._fields import Scalar
 
 
 class RMSProp(Optimizer):
@@ -35,10 +34,10 @@ class RMSProp(Optimizer):
     Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
     """
 
-    learning_rate: Any = learning_rate_field(0.001)
-    gamma: Any = hyperparameter(0.9, check=PROBABILITY_EXCLUSIVE)
-    eps: Any = fields.eps(1e-8)
-    clip_grad_norm: Any = hyperparameter(None, check=POSITIVE)
+    learning_rate: Scalar = learning_rate_field(0.001)
+    gamma: Scalar = hyperparameter(0.9, check=PROBABILITY_EXCLUSIVE)
+    eps: Scalar = fields.eps(1e-8)
+    clip_grad_norm: Scalar | None = hyperparameter(None, check=POSITIVE)
 
     @property
     def opt_param_names(self):
@@ -90,12 +89,12 @@ class Adam(Optimizer):
     Reference: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980
     """
 
-    learning_rate: Any = learning_rate_field(1e-4)
-    weight_decay_rate: Any = hyperparameter(1e-5, check=FINITE)
-    b1: Any = hyperparameter(0.9, check=PROBABILITY_EXCLUSIVE)
-    b2: Any = hyperparameter(0.999, check=PROBABILITY_EXCLUSIVE)
-    eps: Any = fields.eps(1e-5)
-    clip_grad_norm: Any = hyperparameter(None, check=POSITIVE)
+    learning_rate: Scalar = learning_rate_field(1e-4)
+    weight_decay_rate: Scalar = hyperparameter(1e-5, check=FINITE)
+    b1: Scalar = hyperparameter(0.9, check=PROBABILITY_EXCLUSIVE)
+    b2: Scalar = hyperparameter(0.999, check=PROBABILITY_EXCLUSIVE)
+    eps: Scalar = fields.eps(1e-5)
+    clip_grad_norm: Scalar | None = hyperparameter(None, check=POSITIVE)
 
     @property
     def opt_param_names(self):

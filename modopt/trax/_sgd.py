@@ -10,6 +10,7 @@ from .._fields import FINITE, POSITIVE, as_hyperparameter, hyperparameter, stati
 from ..combinators import Chain
 from ..transforms import ScaleByLearningRate, Trace, TraceState
 from ._base import Optimizer, TraxSide, learning_rate_field, weight_decay_after_learning_rate
+from .._fields import Scalar
 
 
 def _numbers(values: Any) -> Any:
@@ -44,8 +45,8 @@ class SGD(Optimizer):
     Any other keyword argument (trax's `**init_opt_params`) is an extra opt_param, a number.
     """
 
-    learning_rate: Any = learning_rate_field(0.01)
-    clip_grad_norm: Any = hyperparameter(None, check=POSITIVE)
+    learning_rate: Scalar = learning_rate_field(0.01)
+    clip_grad_norm: Scalar | None = hyperparameter(None, check=POSITIVE)
     init_opt_params: dict[str, Any] = hyperparameter(kind="dict", converter=_numbers)
 
     def __init__(self, learning_rate: Any = 0.01, clip_grad_norm: Any = None, **init_opt_params: Any):
@@ -99,9 +100,9 @@ class Momentum(Optimizer):
     Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
     """
 
-    learning_rate: Any = learning_rate_field(0.01)
-    mass: Any = fields.momentum(0.9)
-    weight_decay_rate: Any = hyperparameter(1e-5, check=FINITE)
+    learning_rate: Scalar = learning_rate_field(0.01)
+    mass: Scalar = fields.momentum(0.9)
+    weight_decay_rate: Scalar = hyperparameter(1e-5, check=FINITE)
     nesterov: bool = static(default=True)
 
     @property

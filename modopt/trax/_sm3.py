@@ -19,6 +19,7 @@ from ..transforms import AddDecayedWeights, Ema, EmaState, ScaleByLearningRate, 
 from ..transforms._real_only import reject_complex
 from ..transforms._sm3 import _accumulator_specs, _along, _reduce_to_accumulators, _zero_accumulators
 from ._base import Optimizer, TraxSide, learning_rate_field
+from .._fields import Scalar
 
 
 class MomentumType(enum.IntEnum):
@@ -89,7 +90,7 @@ class ScaleByTraxSM3(AbstractTransform):
     https://arxiv.org/abs/1901.11150
     """
 
-    second_moment_averaging: Any = hyperparameter(1.0, check=UNIT)
+    second_moment_averaging: Scalar = hyperparameter(1.0, check=UNIT)
     graft: bool = static(default=False)
 
     def init(self, params):
@@ -184,10 +185,10 @@ class SM3(Optimizer):
     https://arxiv.org/abs/1901.11150
     """
 
-    learning_rate: Any = learning_rate_field(0.01)
-    momentum: Any = hyperparameter(0.9, check=UNIT)
-    second_moment_averaging: Any = hyperparameter(1.0, check=UNIT)
-    weight_decay: Any = hyperparameter(0.0, check=FINITE)
+    learning_rate: Scalar = learning_rate_field(0.01)
+    momentum: Scalar = hyperparameter(0.9, check=UNIT)
+    second_moment_averaging: Scalar = hyperparameter(1.0, check=UNIT)
+    weight_decay: Scalar = hyperparameter(0.0, check=FINITE)
     momentum_type: MomentumType = choice(MomentumType.EMA, tuple(MomentumType), converter=_as_momentum_type)
     has_momentum: bool = static(default=True)
     graft: bool = static(default=False)

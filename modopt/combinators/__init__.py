@@ -64,3 +64,7 @@ from ._partition import PartitionState as PartitionState
 from ._partition import multi_transform as multi_transform
 from ._partition import partition as partition
 from ._scale_gradient import scale_gradient as scale_gradient
+from ._quantized import QuantizedInnerState as QuantizedInnerState
+from ._quantized import QuantizedState as QuantizedState
+from ._quantized import dequantized as dequantized
+from ._quantized import quantized_state as quantized_state

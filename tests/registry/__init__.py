@@ -17,6 +17,7 @@ from . import beyond_adam
 from . import toplevel
 from . import soap
 from . import shampoo
+from . import quantized
 from ._entry import LABELS as LABELS
 from ._entry import MASK as MASK
 from ._entry import Entry as Entry
@@ -44,6 +45,7 @@ ENTRIES: list[Entry] = [
     *toplevel.ENTRIES,
     *soap.ENTRIES,
     *shampoo.ENTRIES,
+    *quantized.ENTRIES,
 ]
 
 BY_NAME = {e.name: e for e in ENTRIES}

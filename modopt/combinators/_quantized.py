@@ -1,0 +1,162 @@
+"""8-bit optimizer state: `quantized_state` keeps an inner transform's moments block-wise quantized."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from .._base import AbstractTransform, AbstractWrapper, inner_transform
+from .._fields import choice, static
+from .._quantization import QUANTIZATIONS, QuantizedArray, block_layout, quantize_blockwise
+from .._specs import padded
+
+
+class QuantizedInnerState(NamedTuple):
+    """The state of `quantized_state`.
+
+    inner_state: the wrapped transform's state, each large floating leaf shaped like a
+        parameter replaced by a `QuantizedArray` (8-bit codes and per-block scales).
+    """
+
+    inner_state: Any
+
+
+def is_quantized(x: Any) -> bool:
+    """Whether `x` is a `QuantizedArray` (a leaf of a quantized state)."""
+    return isinstance(x, QuantizedArray)
+
+
+class QuantizedState(AbstractWrapper):
+    """Keeps the state of a transform in 8 bits per element: 8-bit Adam, Lion, momentum, ...
+
+    Every floating state leaf of `inner` shaped like a parameter and holding at least
+    `min_size` elements (Adam's `mu` and `nu`, a momentum trace) is stored block-wise
+    quantized (`modopt.quantize_blockwise`): one byte per element and one float32 scale per
+    block of `block_size` elements. Each `update` dequantizes the state, runs `inner.update`
+    on it in the state's own dtype, and quantizes the new state. Counters, scalars, small
+    leaves (biases, norms: little memory, and sensitive) and complex leaves are kept as they
+    are. Adam's state then takes about 2.03 bytes per parameter instead of 8.
+
+    A block holding a negative number is coded with a signed table, a block of numbers >= 0
+    (a second moment) with an unsigned one of twice the resolution, as the 8-bit optimizers
+    of bitsandbytes do for their first and second states; here the choice is made per block
+    from the values, so any transform works without saying which of its states are signed.
+
+    The update rule of `inner` is unchanged; only its state is rounded between steps (to
+    the nearest of 256 values of its block's table, never stochastically), so a step is
+    deterministic and a checkpoint resumes bit-exactly. A state leaf to quantize must have
+    the shape of a parameter: factored statistics, preconditioner matrices and histories
+    are refused with their path, since quantizing those block by block is not what the
+    method was made and validated for.
+
+    Sharding: the codes lie like the state leaf they replace (like its parameter). The
+    scales keep the leaf's leading axes and their split, and hold the blocks along one
+    unsplit last axis: blocks run along the flattened trailing axes, whose split by the
+    parameter's rule may cut a block, so each device keeps every block scale of its rows
+    (4 bytes per `block_size` elements of a row). ZeRO-1 (`zero_axis`) splits them too.
+
+    Args:
+        inner: the wrapped transform (a modopt or optax one), e.g. `modopt.adamw(1e-3)`.
+        block_size: the number of elements sharing one scale, an integer >= 1 (static). Blocks
+            run along the flattened trailing axes of each leaf (see
+            `modopt.quantize_blockwise`); 256 is bitsandbytes' default.
+        min_size: leaves with fewer elements stay unquantized, an integer >= 0 (static); 4096
+            is bitsandbytes' `min_8bit_size`.
+        quantization: the tables, "dynamic" (dynamic tree quantization, the 8-bit optimizers'
+            table: about two significant digits for large and small values of a block alike)
+            or "linear" (static).
+
+    Example:
+        >>> tx = modopt.quantized_state(modopt.adamw(1e-3, weight_decay=0.01))
+        >>> optimizer = modopt.Optimizer(tx, model)   # 8-bit AdamW
+        >>> model, optimizer = optimizer.step(model, grads)
+
+    Reference: Dettmers, Lewis, Shleifer and Zettlemoyer, 2022, "8-bit Optimizers via
+    Block-wise Quantization", https://arxiv.org/abs/2110.02861
+    """
+
+    inner: AbstractTransform = inner_transform()
+    block_size: int = static(default=256)
+    min_size: int = static(default=4096)
+    quantization: str = choice("dynamic", QUANTIZATIONS)
+
+    def __check_init__(self):
+        for name, low in (("block_size", 1), ("min_size", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"Invalid {name}: {value!r} (must be an integer >= {low}) in QuantizedState.")
+
+    def init(self, params):
+        shapes = {tuple(jnp.shape(p)) for p in jax.tree_util.tree_leaves(params)}
+
+        def quantize(path, leaf):
+            if not self._quantizes(leaf):
+                return leaf
+            if tuple(leaf.shape) not in shapes:
+                raise ValueError(
+                    f"quantized_state: the state of {type(self.inner).__name__} at "
+                    f"inner_state{jax.tree_util.keystr(path)} (shape {tuple(leaf.shape)}) is not shaped like any "
+                    "parameter: only moments kept per parameter element are quantized, not factored statistics, "
+                    "preconditioner matrices or histories. Raise `min_size` above its size to keep it as it is, "
+                    "or wrap only the transforms whose state is per element."
+                )
+            return quantize_blockwise(leaf, self.block_size, self.quantization)
+
+        inner_state = jax.tree_util.tree_map_with_path(quantize, self.inner.init(params))
+        return QuantizedInnerState(inner_state=inner_state)
+
+    def _quantizes(self, leaf: Any) -> bool:
+        """Whether an inner state leaf is stored quantized (decided by its shape and dtype)."""
+        dtype = getattr(leaf, "dtype", None)
+        return (
+            dtype is not None
+            and jnp.issubdtype(dtype, jnp.floating)
+            and len(leaf.shape) >= 1
+            and leaf.size >= max(self.min_size, 1)
+        )
+
+    def update(self, updates, state, params=None, **extra_args):
+        inner_state = dequantized(state.inner_state)
+        new_updates, new_inner_state = self.inner.update(updates, inner_state, params, **extra_args)
+
+        def requantize(old, new):
+            if not is_quantized(old):
+                return new
+            return quantize_blockwise(new.astype(old.dtype), old.block_size, old.quantization)
+
+        quantized = jax.tree_util.tree_map(requantize, state.inner_state, new_inner_state, is_leaf=is_quantized)
+        return new_updates, QuantizedInnerState(inner_state=quantized)
+
+    def state_specs(self, params, param_specs):
+        # The inner rule places each leaf; a quantized leaf's codes lie as it does, and its
+        # scales keep its leading axes' split (see the class docstring).
+        abstract = jax.eval_shape(self.init, params).inner_state
+        nodes, treedef = jax.tree_util.tree_flatten(abstract, is_leaf=is_quantized)
+        specs = treedef.flatten_up_to(self.inner.state_specs(params, param_specs))
+        placed = [_quantized_specs(node, spec) if is_quantized(node) else spec for node, spec in zip(nodes, specs)]
+        return QuantizedInnerState(inner_state=treedef.unflatten(placed))
+
+
+def dequantized(tree: Any) -> Any:
+    """`tree` with every `QuantizedArray` replaced by the array it stores.
+
+    Args:
+        tree: a pytree, e.g. the state of `quantized_state`.
+    """
+    return jax.tree_util.tree_map(lambda x: x.dequantize() if is_quantized(x) else x, tree, is_leaf=is_quantized)
+
+
+def _quantized_specs(node: QuantizedArray, spec: Any) -> Any:
+    """The specs of a `QuantizedArray` whose array lies as `spec`: the codes as `spec`, the
+    scales as its leading axes (the axis of blocks unsplit)."""
+    if not isinstance(spec, PartitionSpec):
+        return jax.tree_util.tree_map(lambda _: spec, node)  # a `NoRule`: reported on both leaves
+    lead, _ = block_layout(node.shape, node.block_size)
+    scales = PartitionSpec(*padded(spec, len(node.shape))[: len(lead)], None)
+    return jax.tree_util.tree_structure(node).unflatten([spec, scales])
+
+
+quantized_state = QuantizedState

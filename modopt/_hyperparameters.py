@@ -13,7 +13,7 @@ import numpy as np
 
 from ._base import AbstractTransform
 from ._checks import warn_user
-from ._fields import Rate, as_hyperparameter, as_rate, hyperparameter_names, validate_hyperparameters
+from ._fields import Rate, as_hyperparameter, as_rate, complex_violation, hyperparameter_names, validate_hyperparameters
 from ._trees import is_none
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule
 from .schedules._schedules import ConstantSchedule
@@ -38,24 +38,93 @@ def hyperparameters_with_state(tx: AbstractTransform, state: Any) -> dict[str, A
     return {**hyperparameters(tx), **{name: get(state) for name, get in _state_index(tx).items()}}
 
 
-def set_hyperparameters_with_state(tx: AbstractTransform, state: Any, **values: Any) -> tuple[AbstractTransform, Any]:
+def set_hyperparameters_with_state(
+    tx: AbstractTransform, state: Any, *, init: Callable[[AbstractTransform], Any] | None = None, **values: Any
+) -> tuple[AbstractTransform, Any]:
     """`set_hyperparameters(tx, **values)`, also writing each value that lives in `state`.
 
     A name that lives in the state (`inject_hyperparams`' numbers) is written there, keeping
     its array type, and in `tx` too where `tx` names it (its initial value). Returns the new
     `(tx, state)`.
+
+    With `init` (`init(tx)` returns the state `tx` makes for the parameters, traceable: it
+    builds them from their shapes), a schedule may replace a number: the parts of the state the
+    new `tx` needs and the old one had not (the schedule's step count) are made by `init`, so
+    the schedule counts from 0 at the next step; the rest of the state is kept.
     """
     in_state = _state_index(tx, all_paths=True)
     in_tx = _hyperparameter_index(tx, all_paths=True)
     unknown = sorted(set(values) - set(in_state) - set(in_tx))
     if unknown:
         raise KeyError(_unknown(unknown[0], sorted(set(_state_index(tx)) | set(_hyperparameter_index(tx)))))
-    tx = set_hyperparameters(tx, **{name: value for name, value in values.items() if name in in_tx})
+    new_tx = _set_hyperparameters(tx, {name: value for name, value in values.items() if name in in_tx}, init is not None)
     for name, value in values.items():
         if name in in_state:
             get = in_state[name]
             state = eqx.tree_at(get, state, _like(value, get(state), name))
-    return tx, state
+    if init is not None and jax.tree_util.tree_structure(new_tx) != jax.tree_util.tree_structure(tx):
+        state = _rebuilt_state(new_tx, state, init, values)  # a schedule where a number was
+    return new_tx, state
+
+
+def _rebuilt_state(tx: AbstractTransform, state: Any, init: Callable[[AbstractTransform], Any], values: dict) -> Any:
+    """`state`, with the parts that `tx` needs and `state` lacks made by `init(tx)`.
+
+    Only step counts (integer scalars) are made so: any other new part would start from
+    nothing in the middle of training, which is an error.
+    """
+    fresh = jax.eval_shape(lambda: init(tx))
+    made: list[Any] = []
+    merged = _merge(state, fresh, made)
+    if not made:
+        return state
+    new_leaves = [leaf for part in made for leaf in jax.tree_util.tree_leaves(part)]
+    if not all(leaf.shape == () and jnp.issubdtype(leaf.dtype, jnp.integer) for leaf in new_leaves):
+        names = ", ".join(sorted(values))
+        raise ValueError(
+            f"set({names}=...) changes the optimizer's state beyond a step count (it would need new state "
+            f"{[f'{leaf.dtype.name}{list(leaf.shape)}' for leaf in new_leaves]}, which cannot start from nothing "
+            "mid-training). Build a new optimizer with the new values instead."
+        )
+    parts = iter(jax.jit(lambda: _new_parts(state, init(tx)))())
+    return jax.tree_util.tree_map(lambda x: next(parts) if x is _MADE else x, merged, is_leaf=lambda x: x is _MADE)
+
+
+_MADE = object()  # where `_merge` takes a part of the new state
+
+
+def _merge(old: Any, new: Any, made: list[Any]) -> Any:
+    """`new`'s structure, holding `old`'s subtrees where they have the same structure (leaves of
+    the same shape and dtype), and `_MADE` in place of each leaf of a new part (appended to `made`)."""
+    if _same_structure(old, new):
+        return old
+    old_children, old_node = _one_level(old)
+    new_children, new_node = _one_level(new)
+    if old_node == new_node and old_node.num_nodes > 1:
+        return new_node.unflatten([_merge(o, n, made) for o, n in zip(old_children, new_children)])
+    made.append(new)
+    return jax.tree_util.tree_map(lambda _: _MADE, new)
+
+
+def _new_parts(old: Any, new: Any) -> list[Any]:
+    """The leaves of the parts of `new` that `_merge(old, new)` takes, in its order."""
+    made: list[Any] = []
+    _merge(old, new, made)
+    return [leaf for part in made for leaf in jax.tree_util.tree_leaves(part)]
+
+
+def _same_structure(old: Any, new: Any) -> bool:
+    if jax.tree_util.tree_structure(old) != jax.tree_util.tree_structure(new):
+        return False
+    return all(
+        jnp.shape(o) == jnp.shape(n) and jnp.result_type(o) == jnp.result_type(n)
+        for o, n in zip(jax.tree_util.tree_leaves(old), jax.tree_util.tree_leaves(new))
+    )
+
+
+def _one_level(tree: Any) -> tuple[list[Any], Any]:
+    """`tree`'s children and its top node (a treedef whose children are leaves)."""
+    return jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
 
 
 def _state_index(tx: AbstractTransform, all_paths: bool = False) -> dict[str, Callable[[Any], Any]]:
@@ -132,24 +201,31 @@ def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransfo
         tx: the transform to copy.
         **values: the new values by name (see `hyperparameters(tx)` for the names).
     """
+    return _set_hyperparameters(tx, values, schedules_for_numbers=False)
+
+
+def _set_hyperparameters(tx: AbstractTransform, values: dict[str, Any], schedules_for_numbers: bool) -> AbstractTransform:
+    """`set_hyperparameters(tx, **values)`; a schedule may replace a number if `schedules_for_numbers`
+    (the caller makes the state it then needs)."""
     index = _hyperparameter_index(tx, all_paths=True)
     for name, value in values.items():
         if name not in index:
             raise KeyError(_unknown(name, sorted(_hyperparameter_index(tx))))
         get, owners = index[name]
-        tx = eqx.tree_at(get, tx, _like(value, get(tx), name), is_leaf=is_none)
+        tx = eqx.tree_at(get, tx, _like(value, get(tx), name, schedules_for_numbers), is_leaf=is_none)
         for owner in reversed(owners):  # the field's module, then each module holding it (a schedule's
             validate_hyperparameters(owner(tx))  # new value must also suit its optimizer's learning rate)
     return tx
 
 
-def _like(value: Any, old: Any, name: str) -> Any:
+def _like(value: Any, old: Any, name: str, schedules_for_numbers: bool = False) -> Any:
     """`value` converted the way the field it replaces was (weak arrays, rates, schedules).
 
     A number replacing a schedule becomes a constant schedule, so the state (which counts
-    steps for the schedule) keeps its structure. What would change the state's structure is
-    an error: a schedule replacing a number (the state has no step count for it), a number
-    replacing `None` or the reverse (momentum switched on or off).
+    steps for the schedule) keeps its structure. A schedule replacing a number needs a step
+    count the state does not have: an error unless `schedules_for_numbers` (the caller makes
+    it). A number replacing `None` or the reverse (momentum switched on or off) is an error,
+    and so is a complex number where the old value is real (hyperparameters are real numbers).
     """
     if (old is None) != (value is None):
         was, now = ("None", "a value") if old is None else ("a value", "None")
@@ -157,6 +233,9 @@ def _like(value: Any, old: Any, name: str) -> Any:
             f"Cannot set {name} from {was} to {now}: that changes the structure of the optimizer's "
             f"state (e.g. momentum buffers). Build a new optimizer with {name}={value!r} instead."
         )
+    complex_problem = complex_violation(value)
+    if complex_problem and not (isinstance(old, jax.Array) and jnp.iscomplexobj(old)):
+        raise ValueError(f"Invalid {name}: {complex_problem}.")
     if isinstance(old, Rate):
         new = as_rate(value)  # its complement computed from the number as given
         if not isinstance(new, Rate):
@@ -169,10 +248,13 @@ def _like(value: Any, old: Any, name: str) -> Any:
             f"{_shown(value)} for every later step. Pass a schedule to keep one."
         )
         return ConstantSchedule(value)
-    if is_schedule(value) and not is_schedule(old):
+    if is_schedule(value) and not is_schedule(old) and not schedules_for_numbers:
         raise ValueError(
-            f"{name} was given as a number when the optimizer was made, so its state has no step "
-            f"count for a schedule: build a new Optimizer with the schedule instead."
+            f"Cannot set {name} to a schedule here: it was a number when the optimizer was made, so the "
+            "optimizer's state has no step count for a schedule, and this call cannot add one. "
+            "`modopt.Optimizer.set` and the Flax adapter's `TrainState.set` add it (the schedule then counts "
+            "from 0 at the next step); for a bare transform, `init` a new state for the transform "
+            "`set_hyperparameters` returns; else build a new optimizer with the schedule."
         )
     if isinstance(value, jax.Array) and isinstance(old, jax.Array) and not isinstance(value, jax.core.Tracer):
         if value.shape != old.shape:

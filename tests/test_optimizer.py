@@ -221,10 +221,11 @@ def test_set_number_on_schedule_keeps_the_state_valid():
     np.testing.assert_allclose(new_params["w"], params["w"] - 1e-4, rtol=1e-5)  # Adam's first step is lr * sign
 
 
-def test_set_schedule_on_number_is_a_clear_error():
-    optimizer = modopt.Optimizer(modopt.adam(1e-3), {"w": jnp.ones(3)})
-    with pytest.raises(ValueError, match="learning_rate was given as a number when the optimizer was made"):
-        optimizer.set(learning_rate=modopt.cosine_decay_schedule(1e-2, 100))
+def test_set_schedule_on_number_of_a_bare_transform_is_a_clear_error():
+    """A bare transform's state is the caller's: `set_hyperparameters` cannot add the schedule's
+    step count to it (`Optimizer.set` can: tests/test_user_reports.py)."""
+    with pytest.raises(ValueError, match="Cannot set learning_rate to a schedule here: it was a number .* `init` a new state"):
+        modopt.set_hyperparameters(modopt.adam(1e-3), learning_rate=modopt.cosine_decay_schedule(1e-2, 100))
 
 
 def test_value_fn_takes_the_model_and_extra_arguments_are_checked():

@@ -176,6 +176,8 @@ def as_rate(value: Any) -> Any:
     number = as_hyperparameter(value)
     if not isinstance(number, jax.Array):
         return number
+    if complex_violation(number):
+        return number  # not a real number: validation reports it
     if isinstance(number, jax.core.Tracer):
         return Rate(number, 1 - number)
     exact = 1.0 - np.asarray(value, np.float64)  # in double precision, then rounded once
@@ -330,6 +332,19 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, complex))
 
 
+def complex_violation(value: Any) -> str | None:
+    """Why `value` is no real number, if it is a complex one ("(0.001+1j) is complex ..."); else `None`.
+
+    Hyperparameters are real: a complex learning rate or beta would make every update complex
+    (or, cast to the field's real dtype, silently lose its imaginary part).
+    """
+    if isinstance(value, complex) or (
+        isinstance(value, (jax.Array, np.ndarray, np.generic)) and jnp.issubdtype(value.dtype, jnp.complexfloating)
+    ):
+        return f"{_shown(value)} is a complex number (hyperparameters are real numbers)"
+    return None
+
+
 def _is_key(value: Any) -> bool:
     """A typed PRNG key array."""
     return isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key)
@@ -367,6 +382,8 @@ def validate_hyperparameters(module: eqx.Module) -> None:
             for name, entry in value.items():
                 if not (callable(entry) or isinstance(entry, eqx.Module) or _is_number(entry) or _is_key(entry)):
                     raise ValueError(f"Invalid {name}: {_shown(entry)} (expected a number or a schedule) {where}.")
+                if problem := complex_violation(entry):
+                    raise ValueError(f"Invalid {name}: {problem} {where}.")
             continue
         if value is None:
             if f.metadata.get(_OPTIONAL, False):
@@ -388,6 +405,8 @@ def validate_hyperparameters(module: eqx.Module) -> None:
             raise ValueError(
                 f"Invalid {f.name}: {_shown(value)} of type {type(value).__name__} (expected {_KINDS[kind]}) {where}."
             )
+        if problem := complex_violation(value):
+            raise ValueError(f"Invalid {f.name}: {problem} {where}.")
         ndim, shape = f.metadata.get(_NDIM, 0), jnp.shape(value.value if isinstance(value, Rate) else value)
         if len(shape) != ndim:
             expected = "a scalar" if ndim == 0 else f"an array of {ndim} dimension{'s' if ndim > 1 else ''}"

@@ -236,15 +236,36 @@ class Optimizer(eqx.Module):
         Numbers keep the array type of the value they replace, so a jitted step does not
         retrace. A hyperparameter that lives in the state (`inject_hyperparams`) is written
         there.
+
+        A schedule may replace a number (`set(learning_rate=modopt.cosine_decay_schedule(1e-3,
+        1000))` on an optimizer made with `learning_rate=1e-3`): the state then needs the
+        schedule's step count, which is added, starting at 0, so the schedule's step 0 is the
+        next step (the optimizer's own `count` goes on). Everything else in the state is kept.
+        The transform's structure changes, so a jitted step traces once more. A number
+        replacing a schedule becomes a constant schedule (with a warning), keeping the state.
         """
-        tx, state = set_hyperparameters_with_state(self.tx, self.state, **values)
-        return self._replace(tx=tx, state=state)
+        groups, params = self.groups, self.signature.params()
+        tx, state = set_hyperparameters_with_state(
+            self.tx, self.state, init=lambda tx: tx.init(packed(groups, _zeros(params))), **values
+        )
+        layout = self.layout
+        if layout is not None and jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(self.state):
+            # The parts added (step counts) are replicated; the rest keeps its shardings.
+            on_mesh = lambda x: getattr(x.sharding, "mesh", None) == layout.mesh  # noqa: E731
+            state = jax.tree_util.tree_map(lambda x: x if on_mesh(x) else jax.device_put(x, layout.replicated), state)
+            layout = Layout(layout.mesh, layout.params, jax.tree_util.tree_map(lambda x: x.sharding, state))
+        return self._replace(tx=tx, state=state, layout=layout)
 
     def _replace(self, **changes: Any) -> Optimizer:
         new = object.__new__(Optimizer)
         for f in dataclasses.fields(self):
             object.__setattr__(new, f.name, changes.get(f.name, getattr(self, f.name)))
         return new
+
+
+def _zeros(abstract: Any) -> Any:
+    """Zeros shaped like the abstract arrays of `abstract` (`None` stays)."""
+    return jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), abstract)
 
 
 def _filled(params: Any, grads: Any, batch: int | None = None) -> Any:

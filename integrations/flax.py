@@ -37,7 +37,7 @@ from modopt._hyperparameters import (
     set_hyperparameters_with_state,
     single_learning_rate,
 )
-from modopt._optimizer import _check_reduced
+from modopt._optimizer import _check_reduced, _zeros
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
@@ -106,8 +106,14 @@ class TrainState(struct.PyTreeNode):
         return single_learning_rate(self.tx, self.opt_state)
 
     def set(self, **values: Any) -> TrainState:
-        """A copy with the transform's hyperparameters replaced by name (no retrace)."""
-        tx, opt_state = set_hyperparameters_with_state(self.tx, self.opt_state, **values)
+        """A copy with the transform's hyperparameters replaced by name (no retrace).
+
+        A schedule may replace a number, as in `modopt.Optimizer.set`: its step count is added
+        to the state, starting at 0 (then the step traces once more).
+        """
+        shapes = jax.tree_util.tree_map(lambda p: jax.ShapeDtypeStruct(jnp.shape(p), jnp.result_type(p)), self.params)
+        init = lambda tx: tx.init(_zeros(shapes))  # noqa: E731
+        tx, opt_state = set_hyperparameters_with_state(self.tx, self.opt_state, init=init, **values)
         return self.replace(tx=tx, opt_state=opt_state)
 
 

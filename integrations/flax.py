@@ -38,6 +38,7 @@ from modopt._hyperparameters import (
     single_learning_rate,
 )
 from modopt._optimizer import _check_reduced, _zeros
+from modopt._trees import PicklableTreeDef
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
@@ -164,7 +165,8 @@ class NnxOptimizer(nnx.Pytree):
         group_small_leaves: bool = True,
     ):
         tx = owned_transform(tx, "NnxOptimizer")
-        leaves, self._tx_def = jax.tree_util.tree_flatten(tx)
+        leaves, treedef = jax.tree_util.tree_flatten(tx)
+        self._tx_def = PicklableTreeDef(treedef)  # an NnxOptimizer pickles
         self._hyperparameters = nnx.List([Hyperparameter(leaf) for leaf in leaves])
         self.wrt = wrt
         # What is trained: the `wrt` variables holding floating or complex arrays (as in
@@ -198,7 +200,7 @@ class NnxOptimizer(nnx.Pytree):
         """Replaces hyperparameters by name, in place (in the state where they live there)."""
         tx, opt_state = set_hyperparameters_with_state(self.tx, nnx.as_pure(self.opt_state), **values)
         leaves, treedef = jax.tree_util.tree_flatten(tx)
-        if treedef != self._tx_def:
+        if self._tx_def != treedef:
             raise ValueError("set cannot change the structure of the transform; build a new optimizer.")
         for variable, leaf in zip(self._hyperparameters, leaves):
             variable.set_value(leaf)

@@ -485,6 +485,11 @@ class StaticTree:
     def tree(self) -> Any:
         return jax.tree_util.tree_unflatten(self._treedef, self._leaves)
 
+    def __reduce__(self):
+        # As the tree itself: the treedef of an Equinox-shaped tree does not survive pickle
+        # (see `modopt._trees.structure_to_pickle`).
+        return StaticTree, (self.tree,)
+
     def __hash__(self):
         return hash((self._treedef, self._leaves))
 

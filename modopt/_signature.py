@@ -7,6 +7,7 @@ from typing import Any
 import jax
 
 from ._checks import _first_difference
+from ._trees import structure_from_pickle, structure_to_pickle
 
 
 class ModelSignature:
@@ -26,13 +27,14 @@ class ModelSignature:
         )
         self._hash = hash((self.treedef, self.leaves))  # once: it keys every jitted step
 
-    # The hash of strings and treedefs differs between processes: pickle without it.
+    # The hash of strings and treedefs differs between processes: pickle without it. The
+    # treedef is pickled as a tree of its structure (see `structure_to_pickle`).
     def __getstate__(self):
-        return self.treedef, self.leaves
+        return structure_to_pickle(self.treedef), self.leaves
 
     def __setstate__(self, state):
-        self.treedef, self.leaves = state
-        self._hash = hash(state)
+        self.treedef, self.leaves = structure_from_pickle(state[0]), state[1]
+        self._hash = hash((self.treedef, self.leaves))
 
     def params(self) -> Any:
         """The trained parameters as abstract arrays, `None` elsewhere (as `eqx.filter` gives)."""

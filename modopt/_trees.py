@@ -147,3 +147,46 @@ def vdot(tree_x: Any, tree_y: Any) -> Any:
     """
     products = jax.tree_util.tree_map(_leaf_vdot, tree_x, tree_y)
     return jax.tree_util.tree_reduce(operator.add, products, 0)
+
+
+# ---- pickling tree structures -----------------------------------------------------------------
+# A `PyTreeDef` of Equinox modules does not survive pickle: its node data holds Equinox's own
+# `MISSING` marker, which pickle copies, and Equinox's unflatten compares it by identity (the
+# copy then fails with "'_Missing' object is not subscriptable", and the treedef no longer
+# equals the original). What is pickled instead is a tree of that structure with numbered leaves,
+# flattened again on loading.
+
+
+def structure_to_pickle(treedef: Any) -> Any:
+    """A picklable stand-in for `treedef`: a tree of its structure, leaves numbered."""
+    return treedef.unflatten(range(treedef.num_leaves))
+
+
+def structure_from_pickle(example: Any) -> Any:
+    """The treedef `structure_to_pickle` stood in for (a `PyTreeDef` pickled as such passes)."""
+    return example if isinstance(example, jax.tree_util.PyTreeDef) else jax.tree_util.tree_structure(example)
+
+
+class PicklableTreeDef:
+    """A `PyTreeDef` that pickles (see above): `unflatten`, equality with treedefs, hashing."""
+
+    __slots__ = ("treedef",)
+
+    def __init__(self, treedef: Any):
+        self.treedef = treedef
+
+    def unflatten(self, leaves: Any) -> Any:
+        return self.treedef.unflatten(leaves)
+
+    def __eq__(self, other: Any) -> bool:
+        return self.treedef == (other.treedef if isinstance(other, PicklableTreeDef) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.treedef)
+
+    def __reduce__(self):
+        return _loaded_treedef, (structure_to_pickle(self.treedef),)
+
+
+def _loaded_treedef(example: Any) -> PicklableTreeDef:
+    return PicklableTreeDef(structure_from_pickle(example))

@@ -76,6 +76,11 @@ from ._masks import weight_decay_mask as weight_decay_mask
 from ._optimizer import Optimizer as Optimizer
 from ._quantization import QuantizedArray as QuantizedArray
 from ._quantization import quantize_blockwise as quantize_blockwise
+from ._compensated import AbstractCompensation as AbstractCompensation
+from ._compensated import KahanCompensation as KahanCompensation
+from ._compensated import StochasticRounding as StochasticRounding
+from ._compensated import apply_updates_kahan as apply_updates_kahan
+from ._compensated import kahan_compensation as kahan_compensation
 from ._updates import apply_updates as apply_updates
 from ._updates import incremental_update as incremental_update
 from ._updates import periodic_update as periodic_update

@@ -12,6 +12,7 @@ import numpy as np
 
 from ._base import AbstractTransform, owned_init, owned_transform
 from ._checks import align_gradients
+from ._compensated import AbstractCompensation, make_compensation
 from ._extra_args import adapt_to_params, check_extra_args
 from ._fields import (
     as_static_tree,
@@ -23,6 +24,7 @@ from ._fields import (
 from ._grouping import LeafGroups, packed, plan_groups, update_in_layout
 from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state, single_learning_rate
 from ._numerics import safe_increment
+from ._offload import check_memory_kind, to_device, to_host
 from ._signature import ModelSignature
 from ._trees import is_none
 from ._updates import apply_updates
@@ -61,6 +63,19 @@ class Optimizer(eqx.Module):
     whole on one device; `zero_axis=` also splits it over a data-parallel mesh axis
     (ZeRO-1). Each step then keeps the parameters and the state on those shardings.
 
+    Low-precision parameters: a `bfloat16` (or `float16`) parameter loses every update smaller
+    than half its spacing (about 0.2% of its value) to rounding. `compensation="kahan"` keeps
+    what rounding lost in a buffer of the parameter's dtype and adds it back at the next step
+    (`apply_updates_kahan`); `compensation="stochastic_rounding"` rounds each sum up or down at
+    random, unbiased (`apply_updates(..., key=...)`), with the `key` given, split every step.
+    The buffers or the key are the optimizer's `compensation` field: checkpointed and sharded
+    with it. Float32 leaves are updated as without compensation and get no buffer.
+
+    Host offload: `state_memory_kind="pinned_host"` keeps the state and the compensation in the
+    host's pinned memory; each step moves it to the accelerator, updates it and moves it back,
+    inside the jitted step, so donation works as usual. The numbers are the same; what it
+    costs is the transfers (`modopt.sharding.bytes_per_device(..., memory_kind=...)` plans it).
+
     Args:
         tx: the transform (`modopt.adam(1e-3)`, a chain, or an optax transform).
         model: the model (an Equinox module or any pytree); its trainable leaves get a state.
@@ -74,6 +89,13 @@ class Optimizer(eqx.Module):
         group_small_leaves: step small leaves as flat buffers where the numbers are the same
             (see above); ignored with `shardings=`, where the state follows the parameters.
             (`modopt.sharding.shardings` of a grouped optimizer replicates its buffers.)
+        compensation: how updates are applied to `bfloat16` and `float16` parameters: `None`
+            (rounded to nearest, as `apply_updates`), `"kahan"` or `"stochastic_rounding"`
+            (see above).
+        key: the PRNG key of `compensation="stochastic_rounding"` (required with it, refused
+            otherwise).
+        state_memory_kind: where the state is kept between steps: `None` for the accelerator's
+            memory, or `"pinned_host"`.
 
     Per-example gradients: an optimizer that reduces a batch of gradients itself (`dpsgd`, or
     a chain that starts with `differentially_private_aggregate`; see
@@ -86,10 +108,12 @@ class Optimizer(eqx.Module):
     tx: AbstractTransform
     state: Any
     count: jax.Array
+    compensation: AbstractCompensation | None
     wrt: Any = static()
     signature: ModelSignature = static()
     layout: Layout | None = static()
     groups: LeafGroups | None = static()
+    state_memory_kind: str | None = static()
 
     def __init__(
         self,
@@ -101,6 +125,9 @@ class Optimizer(eqx.Module):
         mesh: Any = None,
         zero_axis: str | None = None,
         group_small_leaves: bool = True,
+        compensation: str | None = None,
+        key: jax.Array | None = None,
+        state_memory_kind: str | None = None,
     ):
         self.tx = owned_transform(tx, "Optimizer")
         self.wrt = as_static_tree(wrt)
@@ -108,6 +135,9 @@ class Optimizer(eqx.Module):
         if not jax.tree_util.tree_leaves(params):
             raise ValueError(f"Optimizer: {_selects_nothing(wrt, model)}")
         self.signature = ModelSignature(model, params)
+        make_compensation(compensation, None, key, "Optimizer")  # validates the arguments
+        check_memory_kind(state_memory_kind, params, "Optimizer")
+        self.state_memory_kind = state_memory_kind
         if shardings is None:
             if mesh is not None or zero_axis is not None:
                 raise ValueError("Optimizer: `mesh` and `zero_axis` need `shardings=` (the model's shardings).")
@@ -115,10 +145,15 @@ class Optimizer(eqx.Module):
             self.groups = plan_groups(self.tx, params) if group_small_leaves else None
             self.state = owned_init(self.tx, packed(self.groups, params))
             self.count = jnp.zeros([], jnp.int32)
+            self.compensation = make_compensation(compensation, params, key, "Optimizer")
+            if state_memory_kind is not None:
+                self.state, self.compensation = to_host((self.state, self.compensation))
             return
         self.groups = None
         abstract_state = jax.eval_shape(self.tx.init, params)
-        self.layout = derive_layout(self.tx, self.signature, abstract_state, shardings, mesh, zero_axis)
+        self.layout = derive_layout(
+            self.tx, self.signature, abstract_state, shardings, mesh, zero_axis, memory_kind=state_memory_kind
+        )
         if len(set(getattr(self.layout.mesh, "axis_types", ()))) > 1:
             raise ValueError(
                 "Optimizer(shardings=...) needs a mesh whose axes are all Auto or all Explicit; this one has "
@@ -129,6 +164,11 @@ class Optimizer(eqx.Module):
         self.state = self.layout.init(self.tx, params)
         self.tx = jax.device_put(self.tx, replicated, may_alias=False)
         self.count = jax.device_put(jnp.zeros([], jnp.int32), replicated)
+        self.compensation = None
+        if compensation is not None:  # created directly on its shardings, as the state
+            start = lambda params, key: make_compensation(compensation, params, key, "Optimizer")  # noqa: E731
+            placed = self.layout.compensation(jax.eval_shape(start, params, key))
+            self.compensation = jax.jit(start, out_shardings=placed)(params, key)
 
     def trainable(self, model: Any) -> Any:
         """The trainable leaves of `model`, with `None` everywhere else."""
@@ -161,23 +201,34 @@ class Optimizer(eqx.Module):
         as_params = lambda tree: _filled(params, align_gradients(model, params, tree))  # noqa: E731
         extra_args = adapt_to_params(declared, extra_args, lambda p: eqx.combine(p, rest), as_params)
         batch = _batch_size(grads) if per_example else None
+        offloaded = self.state_memory_kind is not None
+        state, compensation = to_device((self.state, self.compensation)) if offloaded else (self.state, self.compensation)
         updates, state = update_in_layout(
             self.tx,
             self.groups,
             _filled(params, grads, batch),
-            self.state,
+            state,
             params,
             lambda grads, state, params: update_on_mesh(self.tx, grads, state, params, extra_args),
         )
         if per_example:
             _check_reduced(self.tx, updates, params)
-        new_params = jax.tree_util.tree_map(
-            lambda old, new, g: old if g is None else new, params, apply_updates(params, updates), grads, is_leaf=is_none
+        # A `None` gradient leaves its parameter (and its compensation buffer) as they were.
+        keep = lambda old, new: jax.tree_util.tree_map(  # noqa: E731
+            lambda o, n, g: o if g is None else n, old, new, grads, is_leaf=is_none
         )
+        if compensation is None:
+            new_params = keep(params, apply_updates(params, updates))
+        else:
+            applied, new_compensation = compensation.apply(params, updates)
+            new_params, compensation = keep(params, applied), new_compensation.keep(compensation, keep)
         if self.layout is not None:
             new_params, state = self.layout.impose(new_params, state)
+            compensation = self.layout.impose_compensation(compensation)
+        elif offloaded:
+            state, compensation = to_host((state, compensation))
         new_model = eqx.combine(new_params, rest)
-        return new_model, self._replace(state=state, count=safe_increment(self.count))
+        return new_model, self._replace(state=state, count=safe_increment(self.count), compensation=compensation)
 
     def __repr__(self):
         """A summary: the transform with its hyperparameters, the step, the state's size.
@@ -192,6 +243,10 @@ class Optimizer(eqx.Module):
         step = int(self.count) if is_concrete(self.count) else "traced"
         sharded = "" if self.layout is None else f",\n  sharded on a mesh of shape {dict(self.layout.mesh.shape)}"
         grouped = "" if self.groups is None else f",\n  {self.groups.describe()}"
+        if self.state_memory_kind is not None:
+            grouped += f",\n  state kept in {self.state_memory_kind} memory"
+        if self.compensation is not None:
+            grouped += f",\n  compensation={type(self.compensation).__name__}"
         return (
             f"Optimizer(\n  tx={tx},\n  step={step},\n"
             f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers ({_bytes(size)}),\n"

@@ -7,21 +7,39 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from ._compensated import apply_updates_stochastic
 from ._trees import is_none, map_updates
 
 if TYPE_CHECKING:
     from ._base import Params, Updates
 
 
-def apply_updates(params: Params, updates: Updates) -> Params:
+def apply_updates(params: Params, updates: Updates, *, key: jax.Array | None = None) -> Params:
     """`params + updates`, leaf by leaf, each result cast back to its parameter's dtype.
 
-    `None` leaves in `params` stay `None`.
+    `None` leaves in `params` stay `None`. Without `key` (optax's behaviour) each sum is rounded
+    to nearest. With `key`, each `bfloat16` and `float16` parameter's sum is formed in float32
+    and rounded stochastically to one of its two neighbouring values, up with probability
+    equal to its distance from the lower one over their spacing (unbiased: an update too
+    small to move the parameter still moves it, on average); other leaves are rounded as
+    without a key. Use a new key every step. `apply_updates_kahan` is the other remedy.
 
     Args:
         params: the parameters, a pytree of arrays (possibly with `None` leaves).
         updates: the updates, with the structure of `params`.
+        key: a PRNG key to round low-precision parameters stochastically, or `None`.
+
+    Example:
+        >>> params = modopt.apply_updates(params, updates)
+        >>> key, now = jax.random.split(key)
+        >>> params = modopt.apply_updates(params, updates, key=now)  # bfloat16 params
+
+    Reference:
+        Gupta, Agrawal, Gopalakrishnan, Narayanan, [Deep Learning with Limited Numerical
+        Precision](https://arxiv.org/abs/1502.02551), 2015.
     """
+    if key is not None:
+        return apply_updates_stochastic(params, updates, key)
     return jax.tree_util.tree_map(
         lambda p, u: None if p is None else jnp.asarray(p + u).astype(jnp.asarray(p).dtype),
         params,

@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._checks import _first_difference
+from .._offload import place, with_memory_kind
 from .._signature import ModelSignature
 from .._specs import NoRule, is_spec, padded
 
@@ -25,7 +26,8 @@ class Layout:
         mesh: the mesh.
         params: the `NamedSharding` of each trained parameter, with the params' structure (`None`
             where frozen).
-        state: the `NamedSharding` of each state leaf, with the state's structure.
+        state: the `NamedSharding` of each state leaf, with the state's structure (in memory kind
+            `pinned_host` for an optimizer that keeps its state on the host).
     """
 
     __slots__ = ("_hash", "_key", "mesh", "params", "state")
@@ -51,9 +53,30 @@ class Layout:
         return jax.jit(_init, out_shardings=self.state)(tx, params)
 
     def impose(self, params: Any, state: Any) -> tuple[Any, Any]:
-        """`params` and `state` constrained to this layout (inside a jitted step)."""
+        """`params` and `state` constrained to this layout (inside a jitted step), the state
+        moved to host memory where its shardings say so."""
         params = jax.tree_util.tree_map(_constrain, params, self.params)
-        return params, jax.tree_util.tree_map(_constrain, state, self.state)
+        return params, jax.tree_util.tree_map(lambda x, s: place(x, s, _constrain), state, self.state)
+
+    @property
+    def memory_kind(self) -> str | None:
+        """The memory kind of the state: `None` (the accelerator's) or a host's."""
+        kinds = {s.memory_kind for s in jax.tree_util.tree_leaves(self.state)} - {None, "device"}
+        return kinds.pop() if kinds else None
+
+    def compensation(self, compensation: Any) -> Any:
+        """The shardings of an `Optimizer`'s `compensation` (`None` for none), in the state's
+        memory kind: buffers follow their parameters; a key is replicated."""
+        if compensation is None:
+            return None
+        kind = self.memory_kind
+        return compensation.shardings(with_memory_kind(self.params, kind), with_memory_kind(self.replicated, kind))
+
+    def impose_compensation(self, compensation: Any) -> Any:
+        """`compensation` constrained to its shardings (inside a jitted step)."""
+        if compensation is None:
+            return None
+        return jax.tree_util.tree_map(lambda x, s: place(x, s, _constrain), compensation, self.compensation(compensation))
 
     def __hash__(self):
         return self._hash
@@ -81,6 +104,9 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
       split dimension that stays divisible. A leaf with no such dimension (a small bias of
       odd size) stays replicated along the axis.
     - A layout that cannot work is a `ValueError` naming the path.
+    - An optimizer made with `state_memory_kind="pinned_host"` gets its state's shardings in
+      that memory kind; Kahan compensation buffers (`compensation="kahan"`) follow their
+      parameters, in the state's memory kind.
 
     The result can be given as `out_shardings` of a jitted init or step.
 
@@ -100,7 +126,14 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
     if not isinstance(getattr(optimizer, "signature", None), ModelSignature):
         raise TypeError(f"shardings expects a modopt.Optimizer, got {type(optimizer).__name__}.")
     layout = derive_layout(
-        optimizer.tx, optimizer.signature, optimizer.state, model_shardings, mesh, zero_axis, optimizer.groups
+        optimizer.tx,
+        optimizer.signature,
+        optimizer.state,
+        model_shardings,
+        mesh,
+        zero_axis,
+        optimizer.groups,
+        getattr(optimizer, "state_memory_kind", None),
     )
     if optimizer.layout is not None and optimizer.layout != layout:
         raise ValueError(
@@ -112,6 +145,7 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
         tx=jax.tree_util.tree_map(lambda _: replicated, optimizer.tx),
         state=layout.state,
         count=replicated,
+        compensation=layout.compensation(optimizer.compensation),
     )
 
 
@@ -135,9 +169,11 @@ def derive_layout(
     mesh: Any,
     zero_axis: str | None,
     groups: Any = None,
+    memory_kind: str | None = None,
 ) -> Layout:
     """The checked `Layout` of `tx`'s `state` for a model with `signature` and `model_shardings`
-    (the state of an `Optimizer` whose small leaves are in `groups`, if given)."""
+    (the state of an `Optimizer` whose small leaves are in `groups`, if given; kept in
+    `memory_kind`, if given)."""
     param_specs, mesh = _param_specs(signature, model_shardings, mesh)
     if zero_axis is not None and zero_axis not in mesh.shape:
         raise ValueError(f"zero_axis={zero_axis!r} is not an axis of the mesh, whose axes are {tuple(mesh.axis_names)}.")
@@ -164,7 +200,7 @@ def derive_layout(
         if zero_axis is not None:
             spec = _with_axis(spec, shape, zero_axis, mesh)
         _check(spec, shape, mesh, where)
-        placed.append(NamedSharding(mesh, spec))
+        placed.append(NamedSharding(mesh, spec, memory_kind=memory_kind))
     params = signature.treedef.unflatten(
         [None if s is None else NamedSharding(mesh, s) for s in signature.treedef.flatten_up_to(param_specs)]
     )
@@ -278,17 +314,26 @@ def _with_axis(spec: PartitionSpec, shape: tuple[int, ...], axis: str, mesh: Any
     return PartitionSpec(*entries)
 
 
-def bytes_per_device(tree: Any, shardings: Any = None) -> int:
+def bytes_per_device(tree: Any, shardings: Any = None, *, memory_kind: str | None = None) -> int:
     """The bytes each device holds of `tree`'s arrays, computed from shapes alone.
 
     `tree` may be abstract (from `jax.eval_shape`). `shardings` has its structure (for
     instance from `shardings(...)`); without it, each leaf's own `.sharding` is used, and a
-    leaf without one counts whole.
+    leaf without one counts whole. With `memory_kind`, only the arrays in that memory count:
+    `"device"` for the accelerator's own (where an array without a memory kind is), or
+    `"pinned_host"` for an optimizer's state kept on the host.
 
     Args:
         tree: a pytree of arrays or `jax.ShapeDtypeStruct`s.
         shardings: a sharding per leaf, with the structure of `tree`, or `None` to read each leaf's
             own.
+        memory_kind: count only the arrays in this memory kind; `None` counts all.
+
+    Example:
+        >>> abstract = jax.eval_shape(lambda m: modopt.Optimizer(tx, m, state_memory_kind="pinned_host"), model)
+        >>> placed = modopt.sharding.shardings(abstract, model_shardings)
+        >>> on_accelerator = modopt.sharding.bytes_per_device(abstract, placed, memory_kind="device")
+        >>> on_host = modopt.sharding.bytes_per_device(abstract, placed, memory_kind="pinned_host")
     """
     leaves = jax.tree_util.tree_leaves(tree)
     if shardings is None:
@@ -299,9 +344,17 @@ def bytes_per_device(tree: Any, shardings: Any = None) -> int:
     for leaf, sharding in zip(leaves, given):
         if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
             continue
+        if memory_kind is not None and (getattr(sharding, "memory_kind", None) or "device") != memory_kind:
+            continue
         shape = sharding.shard_shape(tuple(leaf.shape)) if sharding is not None else leaf.shape
-        total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+        total += math.prod(shape) * _itemsize(leaf.dtype)
     return total
+
+
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element, also for PRNG keys (whose dtype knows its key data's size)."""
+    size = getattr(dtype, "itemsize", None)
+    return size if isinstance(size, int) else np.dtype(dtype).itemsize
 
 
 def _is_explicit(sharding: Any) -> bool:

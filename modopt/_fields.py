@@ -33,6 +33,7 @@ _CHOICES = "modopt_choices"  # metadata key: the values a static field may take
 _OPTIONAL = "modopt_optional"  # metadata key: `None` (switching the feature off) is accepted
 _KIND = "modopt_kind"  # metadata key: what a hyperparameter accepts (see `_KINDS`)
 _NDIM = "modopt_ndim"  # metadata key: the number of dimensions of its value (0: a scalar)
+_DTYPE = "modopt_dtype"  # metadata key: a dtype field; the value says what it sets ("state", "hyperparameters")
 _KINDS = {
     "number": "a number",
     "number_or_schedule": "a number or a schedule (a callable of the step count)",
@@ -365,10 +366,16 @@ def validate_hyperparameters(module: eqx.Module) -> None:
 
     Checks, for every hyperparameter field, that the value is of an accepted kind (a number,
     a schedule, `None` only where `None` is the default), and a concrete number passes the
-    field's `Check`; and that every `choice` field holds one of its options. Traced values
-    (inside `jit`) cannot be inspected and are skipped.
+    field's `Check`; that every `choice` field holds one of its options, and every `fields.dtype`
+    field a floating dtype or `None`. Traced values (inside `jit`) cannot be inspected and are
+    skipped.
     """
     for f in dataclasses.fields(module):
+        if _DTYPE in f.metadata and (violation := _dtype_violation(getattr(module, f.name))):
+            raise ValueError(
+                f"Invalid {f.name}: {violation} (must be a floating dtype such as jnp.float32 or jnp.bfloat16, "
+                f"or None for the default) in {type(module).__name__}."
+            )
         if _CHOICES in f.metadata and getattr(module, f.name) not in f.metadata[_CHOICES]:
             options = ", ".join(map(repr, f.metadata[_CHOICES]))
             raise ValueError(
@@ -463,7 +470,26 @@ def canonical_dtype(dtype: Any) -> Any:
         return None
     if isinstance(dtype, (jax.Array, np.ndarray, np.generic)):
         dtype = dtype.dtype
-    return jax.dtypes.canonicalize_dtype(dtype)
+    try:
+        return jax.dtypes.canonicalize_dtype(dtype)
+    except TypeError:  # not a dtype: `validate_hyperparameters` names the field and the transform
+        return dtype
+
+
+def dtype_field_names(module: eqx.Module, of: str = "state") -> tuple[str, ...]:
+    """Names of the fields declared with `fields.dtype(of=of)` (the dtypes of its state, by default)."""
+    return tuple(f.name for f in dataclasses.fields(module) if f.metadata.get(_DTYPE) == of)
+
+
+def _dtype_violation(value: Any) -> str | None:
+    """Why `value` is no floating dtype (the dtypes of state and hyperparameters are real floats)."""
+    if value is None:
+        return None
+    if not isinstance(value, np.dtype):
+        return f"{_shown(value)} is not a dtype"
+    if not jnp.issubdtype(value, jnp.floating):
+        return f"{value} is not a floating dtype"
+    return None
 
 
 class StaticTree:

@@ -1,6 +1,14 @@
-"""Moment estimates shared by the adaptive transforms (Adam and its family).
+"""Moment estimates shared by the adaptive transforms (Adam and its family), and the state
+dtypes of every transform that keeps moments.
 
 Each works leaf by leaf on pytrees; `None` leaves of `updates` are carried through.
+
+State dtypes (`mu_dtype`, `nu_dtype`, `accumulator_dtype`; see `fields.dtype`) go through three
+helpers, so every transform treats them alike: `init_state` makes the zeros in the state dtype,
+`widen` reads the stored state and the gradients in the accumulation dtype (float32, or wider),
+and `store` rounds the new state to the state dtype. With the dtype `None` the three do what
+optax does: nothing beyond the dtypes the arithmetic gives. The moment functions below take the
+dtype too (`dtype=`) and widen their inputs themselves.
 """
 
 from __future__ import annotations
@@ -11,13 +19,93 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from ._trees import abs_sq, map_updates
+from ._trees import abs_sq, cast_like, map_updates
 
 if TYPE_CHECKING:
     from ._base import Updates
 
 
-def update_moment(updates: Updates, moments: Updates, decay: Any, order: int) -> Updates:
+def state_dtype_for(dtype: Any, leaf_dtype: Any) -> Any:
+    """The dtype a leaf of state is stored in: `dtype`, complex of its precision for a complex
+    leaf (a real state dtype never drops an imaginary part), or the leaf's own for `None`."""
+    if dtype is None:
+        return leaf_dtype
+    if jnp.issubdtype(leaf_dtype, jnp.complexfloating):
+        return jnp.promote_types(dtype, jnp.complex64)
+    return jnp.dtype(dtype)
+
+
+def init_state(tree: Any, dtype: Any = None, fill_value: Any = 0) -> Any:
+    """`fill_value` (zeros by default) shaped like each leaf of `tree` (the params), stored in
+    the state dtype `dtype`.
+
+    Args:
+        tree: a pytree of arrays (the params).
+        dtype: the state dtype; `None` for each leaf's own (optax's default).
+        fill_value: the initial value of every element.
+    """
+    if dtype is None:
+        return jax.tree_util.tree_map(lambda x: jnp.full_like(x, fill_value), tree)
+    return jax.tree_util.tree_map(lambda x: jnp.full_like(x, fill_value, state_dtype_for(dtype, jnp.result_type(x))), tree)
+
+
+def widen(tree: Any, dtype: Any) -> Any:
+    """`tree` (stored state, or the gradients that update it) read for the arithmetic of a
+    state of dtype `dtype`: each leaf widened to float32 at least (float64 and complex leaves
+    keep their precision). With `dtype` `None` the tree is returned as it is: the arithmetic
+    promotes as optax's does. `None` leaves are carried through.
+
+    Args:
+        tree: a pytree of arrays.
+        dtype: the state dtype, or `None`.
+    """
+    if dtype is None:
+        return tree
+    return map_updates(lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32)), tree)
+
+
+def store(tree: Any, dtype: Any, like: Any = None) -> Any:
+    """The new state `tree` rounded for storage: to the state dtype `dtype`; with `dtype` `None`,
+    to the dtypes of `like` (the previous state) where given, else as the arithmetic gave it.
+
+    Args:
+        tree: the new state, computed at the accumulation precision.
+        dtype: the state dtype, or `None`.
+        like: the previous state, whose dtypes are kept when `dtype` is `None` (or `None`).
+    """
+    if dtype is None:
+        return tree if like is None else cast_like(tree, like)
+    return jax.tree_util.tree_map(lambda x: x.astype(state_dtype_for(dtype, x.dtype)), tree)
+
+
+def in_update_dtype(new_updates: Updates, updates: Updates, *dtypes: Any) -> Updates:
+    """A transform's output, computed at the accumulation precision, rounded to the dtype optax's
+    arithmetic would give it: the gradients' dtype promoted with the state dtypes that are set
+    (bfloat16 gradients and float32 state give float32 updates; bfloat16 state on bfloat16
+    gradients gives bfloat16 updates, rounded once). Unchanged when no state dtype is set.
+
+    Args:
+        new_updates: the transform's output, with the structure of `updates`.
+        updates: the gradients it was computed from.
+        *dtypes: the transform's state dtypes (`None` for those not set).
+    """
+    if all(d is None for d in dtypes):
+        return new_updates
+    return map_updates(lambda u, g: u.astype(update_dtype(g.dtype, *dtypes)), new_updates, updates)
+
+
+def update_dtype(grad_dtype: Any, *dtypes: Any) -> Any:
+    """The dtype of a transform's output for gradients of `grad_dtype`: promoted with the state
+    dtypes that are set (`None` entries are ignored; see `in_update_dtype`).
+
+    Args:
+        grad_dtype: the gradients' dtype.
+        *dtypes: the transform's state dtypes (`None` for those not set).
+    """
+    return jnp.result_type(grad_dtype, *(d for d in dtypes if d is not None))
+
+
+def update_moment(updates: Updates, moments: Updates, decay: Any, order: int, dtype: Any = None) -> Updates:
     """EMA of the `order`-th power: `(1 - decay) * g**order + decay * m`.
 
     Args:
@@ -25,12 +113,17 @@ def update_moment(updates: Updates, moments: Updates, decay: Any, order: int) ->
         moments: the moments `m`, with the structure of `updates`.
         decay: the decay rate, in [0, 1].
         order: the power of `g`, an integer >= 1.
+        dtype: the moments' state dtype: `g` and `m` are widened for the arithmetic (`widen`);
+            `None`: as they are.
     """
+    updates, moments = widen(updates, dtype), widen(moments, dtype)
     complement = 1 - decay  # once, not per leaf: the same value, a smaller program
     return map_updates(lambda g, m: complement * (g**order) + decay * m, updates, moments)
 
 
-def update_moment_per_elem_norm(updates: Updates, moments: Updates, decay: Any, order: int) -> Updates:
+def update_moment_per_elem_norm(
+    updates: Updates, moments: Updates, decay: Any, order: int, dtype: Any = None
+) -> Updates:
     """EMA of `|g|**order`, element-wise; for complex `g` the modulus is used.
 
     Args:
@@ -38,7 +131,10 @@ def update_moment_per_elem_norm(updates: Updates, moments: Updates, decay: Any, 
         moments: the moments `m`, with the structure of `updates`.
         decay: the decay rate, in [0, 1].
         order: the power of `|g|`, an integer >= 1.
+        dtype: the moments' state dtype: `g` and `m` are widened for the arithmetic (`widen`);
+            `None`: as they are.
     """
+    updates, moments = widen(updates, dtype), widen(moments, dtype)
 
     def power_of_norm(g):
         if not jnp.iscomplexobj(g):
@@ -50,7 +146,7 @@ def update_moment_per_elem_norm(updates: Updates, moments: Updates, decay: Any, 
     return map_updates(lambda g, m: complement * power_of_norm(g) + decay * m, updates, moments)
 
 
-def update_infinity_moment(updates: Updates, moments: Updates, decay: Any, eps: Any) -> Updates:
+def update_infinity_moment(updates: Updates, moments: Updates, decay: Any, eps: Any, dtype: Any = None) -> Updates:
     """EMA of the infinity norm: `max(|g| + eps, decay * m)`.
 
     Args:
@@ -58,7 +154,10 @@ def update_infinity_moment(updates: Updates, moments: Updates, decay: Any, eps: 
         moments: the running maximum `m`, with the structure of `updates`.
         decay: the decay rate, in [0, 1].
         eps: added to `|g|`, >= 0.
+        dtype: the moments' state dtype: `g` and `m` are widened for the arithmetic (`widen`);
+            `None`: as they are.
     """
+    updates, moments = widen(updates, dtype), widen(moments, dtype)
     return map_updates(lambda g, m: jnp.maximum(jnp.abs(g) + eps, decay * m), updates, moments)
 
 

@@ -31,7 +31,7 @@ from ._fields import FINITE_NONNEGATIVE as FINITE_NONNEGATIVE
 from ._fields import UNIT as UNIT
 from ._fields import Check as Check
 from ._fields import Scalar as Scalar
-from ._fields import as_static_tree, canonical_dtype
+from ._fields import _DTYPE, as_static_tree, canonical_dtype
 from ._fields import choice as choice
 from ._fields import hyperparameter as hyperparameter
 from ._fields import interval as interval
@@ -106,11 +106,43 @@ def mask(default: Any = None, **kwargs: Any):
     return static(default, converter=as_static_tree, **kwargs)
 
 
-def dtype(default: Any = None, **kwargs: Any):
-    """A dtype for an accumulator (`None`: that of the params).
+def dtype(default: Any = None, *, of: str = "state", **kwargs: Any):
+    """The dtype in which a transform stores part of its state (`None`: optax's default).
+
+    **State dtypes.** Every transform that keeps moments takes the dtypes of its state as
+    static arguments, named by the role of the state they set, the same in every transform:
+
+    - `mu_dtype`: first-order state, linear in the gradients: EMAs of gradients, momentum
+      (optax's name; Adam's `mu`, Lion's and Muon's momentum, SM3's momentum `nu`).
+    - `nu_dtype`: second-order state: EMAs or sums of squared gradients, their running maximum,
+      factored or blocked statistics (Adam's `nu` and `nu_max`, Adagrad's sum of squares,
+      Adafactor's row and column statistics, SM3's accumulators `mu`).
+    - `accumulator_dtype`: the one accumulator of `trace`, `ema`, SGD's momentum and the
+      wrappers that average (optax's name); Adafactor keeps optax's `dtype_momentum`.
+
+    `None` keeps optax's behaviour exactly: the state takes the dtype of the parameters (or of
+    what the arithmetic gives). With a dtype set, the stored state is read, widened to float32
+    (or to a wider type where the gradients have one), updated in that precision, used for
+    this step's update at that precision, and only then rounded to the state dtype for
+    storage. So `nu_dtype=jnp.float32` on bfloat16 parameters gives float32 arithmetic, and
+    `mu_dtype=jnp.bfloat16` on float32 parameters halves the memory of the first moment while
+    each step still accumulates in float32. For complex parameters the state is complex with
+    the precision the dtype names (`complex64` for `float32` or `bfloat16`). Dtypes must be
+    real floating dtypes; anything else is an error naming the argument and the transform.
 
     Args:
         default: the default dtype; `None` for the params' dtype.
+        of: what the dtype sets: `"state"` (the default) or `"hyperparameters"` (the dtype of
+            hyperparameters kept in the state, `inject_hyperparams`' `hyperparam_dtype`).
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import modopt
+        >>> tx = modopt.adam(1e-3, mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16)
+        >>> state = tx.init({"w": jnp.zeros(3)})
+        >>> state[0].mu["w"].dtype, state[0].nu["w"].dtype
+        (dtype(bfloat16), dtype(bfloat16))
     """
-    return static(default, converter=canonical_dtype, **kwargs)
+    metadata = {**kwargs.pop("metadata", {}), _DTYPE: of}
+    return static(default, converter=canonical_dtype, metadata=metadata, **kwargs)

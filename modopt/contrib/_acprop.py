@@ -8,14 +8,15 @@ import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
-from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
 from .._numerics import safe_increment
-from .._trees import map_updates, zeros_like
+from .._trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByBeliefState, ScaleByLearningRate
 from ..transforms._adam import moment_ratio
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleByAcprop(AbstractTransform):
@@ -35,6 +36,8 @@ class ScaleByAcprop(AbstractTransform):
         eps: added to `sqrt(s_hat)` in the denominator, >= 0.
         eps_root: added to `s` at every step, >= 0 (keep it positive to differentiate through the
             optimizer).
+        mu_dtype: the dtype of the EMA of gradients `m`; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of `s`; `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.chain(modopt.contrib.scale_by_acprop(), modopt.scale(-1e-3))
@@ -49,21 +52,28 @@ class ScaleByAcprop(AbstractTransform):
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-16)
     eps_root: Scalar = fields.eps(1e-16)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return ScaleByBeliefState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params), nu=zeros_like(params))
+        return ScaleByBeliefState(
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=init_state(params, self.nu_dtype)
+        )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1)
-        prediction_error = map_updates(jnp.subtract, updates, state.mu)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        old_nu = widen(state.nu, self.nu_dtype)
+        prediction_error = map_updates(jnp.subtract, widen(updates, self.nu_dtype), widen(state.mu, self.mu_dtype))
         eps_root = self.eps_root
-        nu = map_updates(lambda v: v + eps_root, update_moment_per_elem_norm(prediction_error, state.nu, self.b2, 2))
+        nu = update_moment_per_elem_norm(prediction_error, old_nu, self.b2, 2, self.nu_dtype)
+        nu = map_updates(lambda v: v + eps_root, nu)
         count = safe_increment(state.count)
         # The denominator is the previous step's; at the first step there is none, and it is 1.
         first = state.count == 0
-        previous = bias_correction(state.nu, self.b2, jnp.where(first, count, state.count))
+        previous = bias_correction(old_nu, self.b2, jnp.where(first, count, state.count))
         previous = map_updates(lambda v: jnp.where(first, 1, v), previous)
-        return moment_ratio(updates, previous, self.eps), ScaleByBeliefState(count=count, mu=mu, nu=nu)
+        new_updates = in_update_dtype(moment_ratio(updates, previous, self.eps), updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleByBeliefState(count=count, mu=store(mu, self.mu_dtype), nu=store(nu, self.nu_dtype, state.nu))
 
 
 class Acprop(AbstractComposite):
@@ -84,6 +94,8 @@ class Acprop(AbstractComposite):
             rate scales it (a number or a schedule).
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, or a function of the params returning one.
+        mu_dtype: the dtype of the EMA of gradients `m`; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of `s`; `None` keeps the parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.acprop(1e-3), model)
@@ -99,10 +111,12 @@ class Acprop(AbstractComposite):
     eps_root: Scalar = fields.eps(1e-16)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
-            ScaleByAcprop(self.b1, self.b2, self.eps, self.eps_root),
+            ScaleByAcprop(self.b1, self.b2, self.eps, self.eps_root, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),
         )

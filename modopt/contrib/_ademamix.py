@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import FINITE_NONNEGATIVE, PROBABILITY_EXCLUSIVE, as_rate
-from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
 from .._numerics import safe_increment
-from .._trees import cast_like, map_updates, zeros_like
+from .._trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, as_schedule, value_at
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
@@ -40,7 +40,7 @@ class ScaleByAdemamixState(NamedTuple):
     count_m2: jax.Array  # int32 scalar: the steps at which `b3` and `alpha` are evaluated
     m1: Any  # the fast EMA of the gradients (decay `b1`), like the params (in `mu_dtype` if set)
     m2: Any  # the slow EMA of the gradients (decay `b3`), like `m1`
-    nu: Any  # the EMA of the squared gradients (decay `b2`), like `m1`
+    nu: Any  # the EMA of the squared gradients (decay `b2`), like `m1` (in `nu_dtype` if set)
 
 
 class ScaleByAdemamix(AbstractTransform):
@@ -54,8 +54,9 @@ class ScaleByAdemamix(AbstractTransform):
     before it is incremented.
 
     With `mu_dtype` set, the three accumulators are stored in it (the update of a step is
-    computed before they are cast); optax 0.2.8 lets them take the gradients' dtype after the
-    first step instead.
+    computed, in float32 at least, before they are cast), or the second moment in `nu_dtype`
+    where that is set; optax 0.2.8 lets them take the gradients' dtype after the first step
+    instead.
 
     Args:
         b1: the decay rate of the fast EMA of the gradients, in [0, 1).
@@ -66,6 +67,8 @@ class ScaleByAdemamix(AbstractTransform):
         eps: added to the denominator's square root for numerical stability, >= 0.
         eps_root: added to the second moment inside the square root, >= 0.
         mu_dtype: the dtype of the accumulators; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` is `mu_dtype` (as optax's single
+            dtype).
 
     Example:
         >>> tx = modopt.chain(modopt.contrib.scale_by_ademamix(b3=0.999), modopt.scale(-1e-3))
@@ -83,33 +86,38 @@ class ScaleByAdemamix(AbstractTransform):
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(0.0)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+
+    def _nu_dtype(self) -> Any:
+        return self.mu_dtype if self.nu_dtype is None else self.nu_dtype
 
     def init(self, params):
         return ScaleByAdemamixState(
             count=jnp.zeros([], jnp.int32),
             count_m2=jnp.zeros([], jnp.int32),
-            m1=zeros_like(params, self.mu_dtype),
-            m2=zeros_like(params, self.mu_dtype),
-            nu=zeros_like(params, self.mu_dtype),
+            m1=init_state(params, self.mu_dtype),
+            m2=init_state(params, self.mu_dtype),
+            nu=init_state(params, self._nu_dtype()),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         b3 = value_at(self.b3, state.count_m2)
         alpha = value_at(self.alpha, state.count_m2)
-        m1 = update_moment(updates, state.m1, self.b1, 1)
-        m2 = update_moment(updates, state.m2, b3, 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
+        m1 = update_moment(updates, state.m1, self.b1, 1, self.mu_dtype)
+        m2 = update_moment(updates, state.m2, b3, 1, self.mu_dtype)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self._nu_dtype())
         count = safe_increment(state.count)
         numerator = map_updates(
             lambda fast, slow: fast + alpha * slow, bias_correction(m1, self.b1, count), m2
         )
         new_updates = moment_ratio(numerator, bias_correction(nu, self.b2, count), self.eps, self.eps_root)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self._nu_dtype())
         return new_updates, ScaleByAdemamixState(
             count=count,
             count_m2=safe_increment(state.count_m2),
-            m1=cast_like(m1, state.m1),  # the dtype of `init`: `mu_dtype`, or the params'
-            m2=cast_like(m2, state.m2),
-            nu=cast_like(nu, state.nu),
+            m1=store(m1, self.mu_dtype, state.m1),  # `None`: the dtype of `init`, the params'
+            m2=store(m2, self.mu_dtype, state.m2),
+            nu=store(nu, self._nu_dtype(), state.nu),
         )
 
 
@@ -139,6 +147,7 @@ class Ademamix(AbstractComposite):
             rate scales it (a number or a schedule).
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, or a function of the params returning one.
+        nu_dtype: the dtype of the second moment; `None` is `mu_dtype`.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.ademamix(1e-3, b3=0.999), model)
@@ -157,10 +166,12 @@ class Ademamix(AbstractComposite):
     mu_dtype: DTypeLike | None = fields.dtype()
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
+        adam_part = (self.b1, self.b2, self.b3, self.alpha, self.eps, self.eps_root, self.mu_dtype)
         return Chain(
-            ScaleByAdemamix(self.b1, self.b2, self.b3, self.alpha, self.eps, self.eps_root, self.mu_dtype),
+            ScaleByAdemamix(*adam_part, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),
         )
@@ -170,8 +181,8 @@ class ScaleBySimplifiedAdEMAMixState(NamedTuple):
     """Simplified AdEMAMix's step count, momentum and second moment."""
 
     t: jax.Array  # int32 scalar
-    m: Any  # the momentum, a sum of gradients discounted by `b1` (not an average), like the params
-    n: Any  # the EMA of the squared gradients (decay `b2`), like the params
+    m: Any  # the momentum, a sum of gradients discounted by `b1` (not an average), like the params (or `mu_dtype`)
+    n: Any  # the EMA of the squared gradients (decay `b2`), like the params (or `nu_dtype`)
 
 
 class ScaleBySimplifiedAdEMAMix(AbstractTransform):
@@ -190,6 +201,8 @@ class ScaleBySimplifiedAdEMAMix(AbstractTransform):
             the step count.
         eps: added to the denominator's square root for numerical stability, >= 0.
         eps_root: added to the second moment inside the square root, >= 0.
+        mu_dtype: the dtype of the momentum `m`; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment `n`; `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.chain(modopt.contrib.scale_by_simplified_ademamix(), modopt.scale(-1e-4))
@@ -205,18 +218,25 @@ class ScaleBySimplifiedAdEMAMix(AbstractTransform):
     alpha: ScalarOrSchedule = fields.scalar_or_schedule(0.0, check=FINITE_NONNEGATIVE)
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return ScaleBySimplifiedAdEMAMixState(t=jnp.zeros([], jnp.int32), m=zeros_like(params), n=zeros_like(params))
+        return ScaleBySimplifiedAdEMAMixState(
+            t=jnp.zeros([], jnp.int32), m=init_state(params, self.mu_dtype), n=init_state(params, self.nu_dtype)
+        )
 
     def update(self, updates, state, params=None, **extra_args):
         alpha = value_at(self.alpha, state.t)
         b1 = self.b1
-        m = map_updates(lambda g, m: g + b1 * m, updates, state.m)
-        n = update_moment(updates, state.n, self.b2, 2)
+        grads = widen(updates, self.mu_dtype)
+        m = map_updates(lambda g, m: g + b1 * m, grads, widen(state.m, self.mu_dtype))
+        n = update_moment(updates, state.n, self.b2, 2, self.nu_dtype)
         t = safe_increment(state.t)
-        numerator = map_updates(lambda g, m: m + alpha * g, updates, m)
+        numerator = map_updates(lambda g, m: m + alpha * g, grads, m)
         new_updates = moment_ratio(numerator, bias_correction(n, self.b2, t), self.eps, self.eps_root)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
+        m, n = store(m, self.mu_dtype), store(n, self.nu_dtype)
         return new_updates, ScaleBySimplifiedAdEMAMixState(t=t, m=m, n=n)
 
 
@@ -241,6 +261,8 @@ class SimplifiedAdEMAMix(AbstractComposite):
             rate scales it (a number or a schedule).
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, or a function of the params returning one.
+        mu_dtype: the dtype of the momentum `m`; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment `n`; `None` keeps the parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.simplified_ademamix(1e-4, alpha=2.0), model)
@@ -257,10 +279,13 @@ class SimplifiedAdEMAMix(AbstractComposite):
     eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
+        scaling = (self.b1, self.b2, self.alpha, self.eps, self.eps_root)
         return Chain(
-            ScaleBySimplifiedAdEMAMix(self.b1, self.b2, self.alpha, self.eps, self.eps_root),
+            ScaleBySimplifiedAdEMAMix(*scaling, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),
         )

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import Rate, static
-from .._moments import update_moment, update_moment_per_elem_norm
+from .._moments import in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
 from .._numerics import safe_increment
-from .._trees import cast, map_updates, zeros_like
+from .._trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate
@@ -59,6 +59,7 @@ class ScaleByAdopt(AbstractTransform):
         b2: the decay rate of the second moment, in [0, 1).
         eps: the floor of `sqrt(v)` in the normalization, >= 0.
         mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment (static).
         use_clipping: clip the normalized gradient to `[-clip_value_fn(t), clip_value_fn(t)]`
             (static; recommended when training from scratch).
@@ -81,10 +82,11 @@ class ScaleByAdopt(AbstractTransform):
     nesterov: bool = static(default=False, kw_only=True)
     use_clipping: bool = static(default=True, kw_only=True)
     clip_value_fn: Callable[[jax.Array], jax.Array] = static(default=default_clip_value, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         return ScaleByAdamState(
-            count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=zeros_like(params)
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=init_state(params, self.nu_dtype)
         )
 
     def update(self, updates, state, params=None, **extra_args):
@@ -93,15 +95,18 @@ class ScaleByAdopt(AbstractTransform):
         # uses b2 = 0 and b1 = 1).
         b2 = jnp.where(started, _value(self.b2), 0)
         b1 = jnp.where(started, _value(self.b1), 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, b2, 2)
-        normalized = map_updates(lambda g, v: g / jnp.maximum(jnp.sqrt(v), self.eps), updates, state.nu)
+        nu = update_moment_per_elem_norm(updates, state.nu, b2, 2, self.nu_dtype)
+        old_nu = widen(state.nu, self.nu_dtype)
+        grads = widen(updates, self.mu_dtype)
+        normalized = map_updates(lambda g, v: g / jnp.maximum(jnp.sqrt(v), self.eps), grads, old_nu)
         if self.use_clipping:
             bound = self.clip_value_fn(state.count)
             normalized = map_updates(lambda n: jnp.clip(n, -bound, bound), normalized)
-        mu = update_moment(normalized, state.mu, b1, 1)
+        mu = update_moment(normalized, state.mu, b1, 1, self.mu_dtype)
         new_updates = update_moment(normalized, mu, b1, 1) if self.nesterov else mu
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
         return new_updates, ScaleByAdamState(
-            count=safe_increment(state.count), mu=cast(mu, self.mu_dtype), nu=nu
+            count=safe_increment(state.count), mu=store(mu, self.mu_dtype, state.mu), nu=store(nu, self.nu_dtype)
         )
 
 
@@ -119,6 +124,7 @@ class Adopt(AbstractComposite):
         b2: the decay rate of the second moment, in [0, 1).
         eps: the floor of `sqrt(v)` in the normalization, >= 0.
         mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment (static).
         use_clipping: clip the normalized gradient to `[-clip_value_fn(t), clip_value_fn(t)]`
             with `t` the number of past updates (static).
@@ -140,6 +146,7 @@ class Adopt(AbstractComposite):
     nesterov: bool = static(default=False, kw_only=True)
     use_clipping: bool = static(default=True, kw_only=True)
     clip_value_fn: Callable[[jax.Array], jax.Array] = static(default=default_clip_value, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
@@ -151,6 +158,7 @@ class Adopt(AbstractComposite):
                 nesterov=self.nesterov,
                 use_clipping=self.use_clipping,
                 clip_value_fn=self.clip_value_fn,
+                nu_dtype=self.nu_dtype,
             ),
             ScaleByLearningRate(self.learning_rate),
         )

@@ -15,10 +15,9 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import choice, hyperparameter, static
-from .._moments import update_moment
+from .._moments import in_update_dtype, init_state, store, update_moment, widen
 from .._numerics import safe_increment
 from .._specs import REPLICATED
-from .._trees import cast, zeros_like
 from ..combinators import Chain
 from ..optimizers._muon_variants import muon_partition
 from ..schedules._base import ScalarOrSchedule
@@ -129,15 +128,15 @@ class ScaleByMuon(AbstractTransform):
         # A copy of the coefficients: the state is donated to jitted steps, the transform may not be.
         return MuonState(
             count=jnp.zeros([], jnp.int32),
-            mu=zeros_like(params, self.mu_dtype),
+            mu=init_state(params, self.mu_dtype),
             ns_coeffs=jnp.copy(self.ns_coeffs),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         axes = self._axes(updates)
-        mu = update_moment(updates, state.mu, self.beta, 1)
+        mu = update_moment(updates, state.mu, self.beta, 1, self.mu_dtype)
         count = safe_increment(state.count)
-        mu_hat = debiased_mu(mu, updates, self.beta, count, self.nesterov)
+        mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.beta, count, self.nesterov)
         flat, treedef = jax.tree_util.tree_flatten(mu_hat)
         ortho = [
             orthogonalize(m, leaf_axes, self.ns_coeffs, self.ns_steps, self.preconditioning, self.eps)
@@ -146,8 +145,8 @@ class ScaleByMuon(AbstractTransform):
         if self.adaptive:  # <M, O> O: the dual norm of the momentum along O
             ortho = [jnp.sum(m.conj() * o) * o for m, o in zip(flat, ortho)]
         # The state records the coefficients used (a copy: it must not alias the transform).
-        state = MuonState(count=count, mu=cast(mu, self.mu_dtype), ns_coeffs=jnp.copy(self.ns_coeffs))
-        return treedef.unflatten(ortho), state
+        state = MuonState(count=count, mu=store(mu, self.mu_dtype), ns_coeffs=jnp.copy(self.ns_coeffs))
+        return in_update_dtype(treedef.unflatten(ortho), updates, self.mu_dtype), state
 
     def state_specs(self, params, param_specs):
         # The momentum is laid out as its parameter; Newton-Schulz reads whole matrices, and
@@ -187,6 +186,7 @@ class Muon(AbstractComposite):
             shaped like (a prefix of) the params, or a function of the params returning one.
         mu_dtype: the dtype of both momenta (Muon's and Adam's first moment); `None` keeps the
             parameters' dtype.
+        nu_dtype: the dtype of Adam's second moment; `None` keeps the parameters' dtype.
         nesterov: Nesterov momentum, in Muon and in Adam (static).
         adaptive: scale Muon's updates by the dual norm of the momentum (static; see
             `scale_by_muon`).
@@ -236,6 +236,7 @@ class Muon(AbstractComposite):
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
     muon_weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
     consistent_rms: Scalar | None = hyperparameter(None, check=fields.NONNEGATIVE, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         dims = self.muon_weight_dimension_numbers

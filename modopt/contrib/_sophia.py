@@ -13,10 +13,9 @@ from .. import fields
 from .._base import AbstractComposite, AbstractTransform, as_transform, require_params
 from .._extra_args import ExtraArg, extra_arg
 from .._fields import NONNEGATIVE, NONNEGATIVE_INTEGER, POSITIVE_INTEGER, as_key, hyperparameter, static
-from .._moments import bias_correction, update_moment
+from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, widen
 from .._numerics import safe_increment
 from .._specs import follow_params
-from .._trees import cast, cast_like, zeros_like
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..second_order import hvp
@@ -132,7 +131,7 @@ class SophiaState(NamedTuple):
 
     count: updates made so far (int32 scalar).
     mu: the EMA of the gradients (in `mu_dtype`).
-    nu: the EMA of the estimates of the Hessian diagonal, refreshed every `update_interval` steps.
+    nu: the EMA of the Hessian diagonal (in `nu_dtype`), refreshed every `update_interval` steps.
     hessian_fn_state: the state of the Hessian diagonal estimator.
     """
 
@@ -156,6 +155,7 @@ class ScaleBySophia(AbstractTransform):
         hessian_diagonal_fn: the estimator of the Hessian diagonal (a transform whose update
             returns it); `None` is `hutchinson_estimator_diag_hessian()`.
         mu_dtype: the dtype of the EMA of the gradients; `None` keeps the parameters'.
+        nu_dtype: the dtype of the EMA of the Hessian diagonal; `None` keeps the parameters'.
         verbose: print the win rate (static).
         print_win_rate_every_n_steps: the period of the printing, an integer >= 0 (0: never).
     """
@@ -168,14 +168,15 @@ class ScaleBySophia(AbstractTransform):
     update_interval: Scalar = hyperparameter(10, check=POSITIVE_INTEGER)
     hessian_diagonal_fn: AbstractTransform = eqx.field(default=None, converter=_hessian_diagonal_fn)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     verbose: bool = static(default=False)
     print_win_rate_every_n_steps: Scalar = hyperparameter(0, check=NONNEGATIVE_INTEGER)
 
     def init(self, params):
         return SophiaState(
             count=jnp.zeros([], jnp.int32),
-            mu=zeros_like(params, self.mu_dtype),
-            nu=zeros_like(params),
+            mu=init_state(params, self.mu_dtype),
+            nu=init_state(params, self.nu_dtype),
             hessian_fn_state=self.hessian_diagonal_fn.init(params),
         )
 
@@ -183,10 +184,10 @@ class ScaleBySophia(AbstractTransform):
         require_params(params, self)
         count = safe_increment(state.count)
         grads = updates
-        mu = update_moment(grads, state.mu, self.b1, 1)
+        mu = update_moment(grads, state.mu, self.b1, 1, self.mu_dtype)
         mu_hat = bias_correction(mu, self.b1, count)
         updates = jax.tree_util.tree_map(
-            lambda m, h: m / jnp.maximum(self.gamma * h, self.eps), mu_hat, state.nu
+            lambda m, h: m / jnp.maximum(self.gamma * h, self.eps), mu_hat, widen(state.nu, self.nu_dtype)
         )
         if self.clip_threshold is not None:
             threshold = self.clip_threshold
@@ -198,7 +199,7 @@ class ScaleBySophia(AbstractTransform):
             diagonal, hessian_state = self.hessian_diagonal_fn.update(
                 grads, hessian_state, params, **extra_args
             )
-            return hessian_state, cast_like(update_moment(diagonal, nu, self.b2, 1), nu)
+            return hessian_state, store(update_moment(diagonal, nu, self.b2, 1, self.nu_dtype), self.nu_dtype, nu)
 
         hessian_state, nu = jax.lax.cond(
             state.count % self.update_interval == 0,
@@ -207,8 +208,9 @@ class ScaleBySophia(AbstractTransform):
             state.hessian_fn_state,
             state.nu,
         )
+        updates = in_update_dtype(updates, grads, self.mu_dtype, self.nu_dtype)
         return updates, SophiaState(
-            count=count, mu=cast(mu, self.mu_dtype), nu=nu, hessian_fn_state=hessian_state
+            count=count, mu=store(mu, self.mu_dtype), nu=nu, hessian_fn_state=hessian_state
         )
 
     def _print_win_rate(self, updates, threshold, count):
@@ -265,6 +267,7 @@ class Sophia(AbstractComposite):
             whose `update(grads, state, params, **extra_args)` returns the diagonal. `None` (the
             default) is `hutchinson_estimator_diag_hessian()`, seed 0, optax's default.
         mu_dtype: the dtype of the EMA of the gradients; `None` keeps the parameters'.
+        nu_dtype: the dtype of the EMA of the Hessian diagonal; `None` keeps the parameters'.
         verbose: print the win rate, the fraction of elements not clipped (static; the paper
             suggests keeping it between 0.1 and 0.5).
         print_win_rate_every_n_steps: print it every this many steps, an integer >= 0 (0: never).
@@ -291,6 +294,7 @@ class Sophia(AbstractComposite):
     update_interval: Scalar = hyperparameter(10, check=POSITIVE_INTEGER)
     hessian_diagonal_fn: AbstractTransform = eqx.field(default=None, converter=_hessian_diagonal_fn)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     verbose: bool = static(default=False)
     print_win_rate_every_n_steps: Scalar = hyperparameter(0, check=NONNEGATIVE_INTEGER)
 
@@ -307,6 +311,7 @@ class Sophia(AbstractComposite):
                 self.mu_dtype,
                 self.verbose,
                 self.print_win_rate_every_n_steps,
+                nu_dtype=self.nu_dtype,
             ),
             AddDecayedWeights(self.weight_decay, self.weight_decay_mask),
             ScaleByLearningRate(self.learning_rate),

@@ -49,13 +49,15 @@ class Adafactor(AbstractComposite):
             0, or `None` for no clipping.
         momentum: the decay of an EMA of the updates, in [0, 1], or `None` for none (Adafactor's
             memory saving relies on having none).
-        dtype_momentum: the dtype of the momentum accumulator.
+        dtype_momentum: the dtype of the momentum accumulator (optax's name for a `mu_dtype`).
         weight_decay_rate: the coefficient of decoupled weight decay, >= 0, or `None` for none.
         eps: added to the squared gradients before they are averaged, >= 0 (the paper's `epsilon1`).
         factored: factor the second moment of matrices into row and column statistics (static);
             `False` keeps a full second moment, like Adam's.
         weight_decay_mask: which parameters the weight decay applies to: `None` for all, a pytree of
             bools or a function of the params returning one.
+        nu_dtype: the dtype of the second-moment statistics; `None` keeps the parameters' dtype
+            (see `scale_by_factored_rms`).
 
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
@@ -72,9 +74,11 @@ class Adafactor(AbstractComposite):
     eps: Scalar = fields.eps(1e-30)
     factored: bool = static(default=True)
     weight_decay_mask: Any = fields.mask()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        chain = [ScaleByFactoredRms(self.factored, self.decay_rate, self.decay_offset, self.min_dim_size_to_factor, self.eps)]
+        factored = (self.factored, self.decay_rate, self.decay_offset, self.min_dim_size_to_factor, self.eps)
+        chain = [ScaleByFactoredRms(*factored, nu_dtype=self.nu_dtype)]
         if self.clipping_threshold is not None:
             chain.append(ClipByBlockRms(self.clipping_threshold))
         if self.learning_rate is not None:

@@ -29,6 +29,8 @@ class Adam(AbstractComposite):
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype. With either
+            dtype set, the moments are accumulated in float32 and stored in it (see `fields.dtype`).
         nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
             (static).
 
@@ -44,11 +46,14 @@ class Adam(AbstractComposite):
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(0.0)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):
         return Chain(
-            ScaleByAdam(self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nesterov=self.nesterov),
+            ScaleByAdam(
+                self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nu_dtype=self.nu_dtype, nesterov=self.nesterov
+            ),
             ScaleByLearningRate(self.learning_rate),
         )
 
@@ -68,6 +73,8 @@ class AdamW(AbstractComposite):
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype. With either
+            dtype set, the moments are accumulated in float32 and stored in it (see `fields.dtype`).
         weight_decay: the coefficient of decoupled weight decay: `weight_decay * params` is added to
             the update before the learning rate scales it, >= 0.
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
@@ -84,13 +91,16 @@ class AdamW(AbstractComposite):
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(0.0)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
     mask: Any = fields.mask()
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):
         return Chain(
-            ScaleByAdam(self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nesterov=self.nesterov),
+            ScaleByAdam(
+                self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nu_dtype=self.nu_dtype, nesterov=self.nesterov
+            ),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),
         )
@@ -108,6 +118,8 @@ def nadam(
     eps: Any = 1e-8,
     eps_root: Any = 0.0,
     mu_dtype: Any = None,
+    *,
+    nu_dtype: Any = None,
 ) -> Adam:
     r"""NAdam: Adam with Nesterov momentum, i.e. `Adam(..., nesterov=True)`.
 
@@ -125,13 +137,15 @@ def nadam(
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype. With either
+            dtype set, the moments are accumulated in float32 and stored in it (see `fields.dtype`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.nadam(1e-3), model)
 
     Reference: Dozat, 2016, https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ
     """
-    return Adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=True)
+    return Adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nu_dtype=nu_dtype, nesterov=True)
 
 
 @schedule_annotations
@@ -144,6 +158,8 @@ def nadamw(
     mu_dtype: Any = None,
     weight_decay: ScalarOrSchedule = 1e-4,
     mask: Any = None,
+    *,
+    nu_dtype: Any = None,
 ) -> AdamW:
     r"""NAdamW: AdamW with Nesterov momentum, i.e. `AdamW(..., nesterov=True)`.
 
@@ -159,6 +175,8 @@ def nadamw(
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype. With either
+            dtype set, the moments are accumulated in float32 and stored in it (see `fields.dtype`).
         weight_decay: the coefficient of decoupled weight decay: `weight_decay * params` is added to
             the update before the learning rate scales it, >= 0.
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
@@ -167,4 +185,4 @@ def nadamw(
     References: Dozat, 2016, https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ;
     Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
     """
-    return AdamW(learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask, nesterov=True)
+    return AdamW(learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask, nu_dtype=nu_dtype, nesterov=True)

@@ -39,6 +39,7 @@ class AdamMini(AbstractComposite):
             `"element"`, an integer axis, or `AdamMiniHeads(num_heads, axis)`, as one rule for all,
             a pytree of rules shaped like the params, or a function of the params; `None`: `"leaf"`
             for every parameter.
+        nu_dtype: the dtype of the block second moments; `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.adam_mini(1e-3, partition={"embed": 0, "mlp": 0, "norm": "leaf"})
@@ -56,10 +57,11 @@ class AdamMini(AbstractComposite):
     mask: Any = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype()
     partition: Any = fields.mask(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
-            ScaleByAdamMini(self.b1, self.b2, self.eps, self.mu_dtype, self.partition),
+            ScaleByAdamMini(self.b1, self.b2, self.eps, self.mu_dtype, self.partition, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),
         )

@@ -33,9 +33,9 @@ from ..transforms import (
     ScaleByYogi,
     Trace,
 )
-from ..transforms._lion import MODES
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from ..transforms._lion import MODES
 
 
 def _descent(scaling: AbstractTransform, learning_rate: Any, weight_decay: Any = None, mask: Any = None):
@@ -57,6 +57,8 @@ class AdaBelief(AbstractComposite):
         b2: the decay rate of `s`, the EMA of the squared deviation `|g - m|^2`, in [0, 1).
         eps: added to `sqrt(s_hat)` in the denominator, >= 0.
         eps_root: added to `s` at every step (inside the square root), >= 0.
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of `s`; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
             (static).
 
@@ -72,9 +74,11 @@ class AdaBelief(AbstractComposite):
     eps: Scalar = fields.eps(1e-16)
     eps_root: Scalar = fields.eps(1e-16)
     nesterov: bool = static(default=False, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        belief = ScaleByBelief(self.b1, self.b2, self.eps, self.eps_root, nesterov=self.nesterov)
+        belief = ScaleByBelief(self.b1, self.b2, self.eps, self.eps_root, nesterov=self.nesterov, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype)
         return _descent(belief, self.learning_rate)
 
 
@@ -96,6 +100,7 @@ class Adadelta(AbstractComposite):
             (`g' = g + weight_decay * params`), >= 0.
         weight_decay_mask: which parameters the weight decay applies to: `None` for all, a pytree of
             bools or a function of the params returning one.
+        nu_dtype: the dtype of both running averages; `None` keeps the parameters' dtype.
 
     Reference: Zeiler, 2012, https://arxiv.org/abs/1212.5701
     """
@@ -105,11 +110,12 @@ class Adadelta(AbstractComposite):
     eps: Scalar = fields.eps(1e-6)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     weight_decay_mask: Any = fields.mask()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         descend = Scale(-1.0) if self.learning_rate is None else ScaleByLearningRate(self.learning_rate)
         decay = AddDecayedWeights(self.weight_decay, self.weight_decay_mask)
-        return Chain(decay, ScaleByAdadelta(self.rho, self.eps), descend)
+        return Chain(decay, ScaleByAdadelta(self.rho, self.eps, nu_dtype=self.nu_dtype), descend)
 
 
 class Adagrad(AbstractComposite):
@@ -122,6 +128,7 @@ class Adagrad(AbstractComposite):
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
         initial_accumulator_value: the starting value of the sum of squared gradients `s`, >= 0.
         eps: added to `s` inside the square root, >= 0.
+        nu_dtype: the dtype of the sum of squared gradients `s`; `None` keeps the parameters' dtype.
 
     Reference: Duchi et al., 2011, https://jmlr.org/papers/v12/duchi11a.html
     """
@@ -129,9 +136,10 @@ class Adagrad(AbstractComposite):
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     initial_accumulator_value: Scalar = fields.eps(0.1)
     eps: Scalar = fields.eps(1e-7)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        return _descent(ScaleByRss(self.initial_accumulator_value, self.eps), self.learning_rate)
+        return _descent(ScaleByRss(self.initial_accumulator_value, self.eps, nu_dtype=self.nu_dtype), self.learning_rate)
 
 
 class Adamax(AbstractComposite):
@@ -144,6 +152,8 @@ class Adamax(AbstractComposite):
         b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
         b2: the decay rate of the infinity norm `u = max(|g| + eps, b2 u)`, in [0, 1).
         eps: added to `|g|` in the running maximum, >= 0, so that `u` is never zero.
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the infinity norm `u`; `None` keeps the parameters' dtype.
 
     Reference: Kingma & Ba, 2014 (Section 7.1), https://arxiv.org/abs/1412.6980
     """
@@ -152,9 +162,11 @@ class Adamax(AbstractComposite):
     b1: Scalar = fields.decay_rate(0.9)
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-8)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        return _descent(ScaleByAdamax(self.b1, self.b2, self.eps), self.learning_rate)
+        return _descent(ScaleByAdamax(self.b1, self.b2, self.eps, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype), self.learning_rate)
 
 
 class AdamaxW(AbstractComposite):
@@ -172,6 +184,8 @@ class AdamaxW(AbstractComposite):
             the update before the learning rate scales it, >= 0.
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, a function of the params returning one (such as `modopt.weight_decay_mask`).
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the infinity norm `u`; `None` keeps the parameters' dtype.
 
     References: Kingma & Ba, 2014, https://arxiv.org/abs/1412.6980;
     Loshchilov & Hutter, 2019, https://arxiv.org/abs/1711.05101
@@ -183,9 +197,11 @@ class AdamaxW(AbstractComposite):
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
     mask: Any = fields.mask()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        adamax = ScaleByAdamax(self.b1, self.b2, self.eps)
+        adamax = ScaleByAdamax(self.b1, self.b2, self.eps, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype)
         return _descent(adamax, self.learning_rate, self.weight_decay, self.mask)
 
 
@@ -204,6 +220,8 @@ class Amsgrad(AbstractComposite):
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment and of its running maximum; `None` keeps the
+            parameters' dtype.
         bias_correction_mu: bias-correct the first moment as Adam does (static); `False` uses `m` as
             in the paper.
         bias_correction_nu: bias-correct the second moment before its running maximum (static);
@@ -220,6 +238,7 @@ class Amsgrad(AbstractComposite):
     mu_dtype: DTypeLike | None = fields.dtype()
     bias_correction_mu: bool = static(default=True)
     bias_correction_nu: bool = static(default=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         amsgrad = ScaleByAmsgrad(
@@ -230,6 +249,7 @@ class Amsgrad(AbstractComposite):
             self.mu_dtype,
             self.bias_correction_mu,
             self.bias_correction_nu,
+            nu_dtype=self.nu_dtype,
         )
         return _descent(amsgrad, self.learning_rate)
 
@@ -252,6 +272,9 @@ class Adan(AbstractComposite):
             the update before the learning rate scales it, >= 0.
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, a function of the params returning one (such as `modopt.weight_decay_mask`).
+        mu_dtype: the dtype of the first-order state (`m`, `v` and the previous gradient); `None`
+            keeps the parameters' dtype.
+        nu_dtype: the dtype of `n`; `None` keeps the parameters' dtype.
 
     Reference: Xie et al., 2022, https://arxiv.org/abs/2208.06677
     """
@@ -264,9 +287,11 @@ class Adan(AbstractComposite):
     eps_root: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        adan = ScaleByAdan(self.b1, self.b2, self.b3, self.eps, self.eps_root)
+        adan = ScaleByAdan(self.b1, self.b2, self.b3, self.eps, self.eps_root, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype)
         return _descent(adan, self.learning_rate, self.weight_decay, self.mask)
 
 
@@ -325,6 +350,8 @@ class Novograd(AbstractComposite):
         eps_root: added to `v` inside the square root, >= 0.
         weight_decay: the coefficient of weight decay added to the normalized gradient inside the
             momentum, >= 0.
+        mu_dtype: the dtype of the momentum; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the per-layer second moments; `None` keeps the parameters' dtype.
 
     Reference: Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286
     """
@@ -335,9 +362,11 @@ class Novograd(AbstractComposite):
     eps: Scalar = fields.eps(1e-6)
     eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        novograd = ScaleByNovograd(self.b1, self.b2, self.eps, self.eps_root, self.weight_decay)
+        novograd = ScaleByNovograd(self.b1, self.b2, self.eps, self.eps_root, self.weight_decay, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype)
         return _descent(novograd, self.learning_rate)
 
 
@@ -357,6 +386,8 @@ class Radam(AbstractComposite):
             gradients through the square root finite when differentiating through the optimizer).
         threshold: the length `rho_t` of the approximated simple moving average from which the
             adaptive, rectified step is used, >= 0 (the paper uses 4 or 5).
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
             (static).
 
@@ -370,9 +401,13 @@ class Radam(AbstractComposite):
     eps_root: Scalar = fields.eps(0.0)
     threshold: Scalar = hyperparameter(5.0, check=NONNEGATIVE)
     nesterov: bool = static(default=False, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        radam = ScaleByRadam(self.b1, self.b2, self.eps, self.eps_root, self.threshold, nesterov=self.nesterov)
+        radam = ScaleByRadam(
+            self.b1, self.b2, self.eps, self.eps_root, self.threshold, nesterov=self.nesterov, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype
+        )
         return _descent(radam, self.learning_rate)
 
 
@@ -399,6 +434,10 @@ class Rmsprop(AbstractComposite):
             no momentum. It follows the scaling.
         nesterov: use Nesterov's momentum `g + momentum * t` in place of `t` (static).
         bias_correction: bias-correct the moving averages, as Adam does (static).
+        mu_dtype: the dtype of the first-order state: the moving average of gradients
+            (`centered=True`) and the momentum trace; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the moving average of squared gradients; `None` keeps the
+            parameters' dtype.
 
     Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
     """
@@ -412,12 +451,18 @@ class Rmsprop(AbstractComposite):
     momentum: Scalar | None = fields.momentum(None)
     nesterov: bool = static(default=False)
     bias_correction: bool = static(default=False)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        rescale = ScaleByStddev if self.centered else ScaleByRms
-        momentum = Identity() if self.momentum is None else Trace(self.momentum, self.nesterov)
+        momentum = Identity() if self.momentum is None else Trace(self.momentum, self.nesterov, self.mu_dtype)
+        arguments = (self.decay, self.eps, self.initial_scale, self.eps_in_sqrt, self.bias_correction)
+        if self.centered:
+            rescale = ScaleByStddev(*arguments, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype)
+        else:
+            rescale = ScaleByRms(*arguments, nu_dtype=self.nu_dtype)
         return Chain(
-            rescale(self.decay, self.eps, self.initial_scale, self.eps_in_sqrt, self.bias_correction),
+            rescale,
             ScaleByLearningRate(self.learning_rate),
             momentum,
         )
@@ -435,6 +480,8 @@ class Yogi(AbstractComposite):
         b2: the rate of Yogi's additive second-moment update `v - (1 - b2) sign(v - g^2) g^2`, in
             [0, 1).
         eps: added to `sqrt(v_hat)` in the denominator, >= 0 (larger than Adam's by default).
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Reference: Zaheer et al., 2018,
     https://papers.nips.cc/paper/2018/hash/90365351ccc7437a1309dc64e4db32a3-Abstract.html
@@ -444,9 +491,11 @@ class Yogi(AbstractComposite):
     b1: Scalar = fields.decay_rate(0.9)
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-3)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        return _descent(ScaleByYogi(self.b1, self.b2, self.eps), self.learning_rate)
+        return _descent(ScaleByYogi(self.b1, self.b2, self.eps, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype), self.learning_rate)
 
 
 adabelief = AdaBelief

@@ -37,6 +37,7 @@ class Laprop(AbstractComposite):
             the params' structure, or a function of the params returning one.
         mu_dtype: the dtype of the momentum (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.laprop(4e-4), model)
@@ -52,10 +53,11 @@ class Laprop(AbstractComposite):
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
-            ScaleByLaprop(self.b1, self.b2, self.eps, self.mu_dtype),
+            ScaleByLaprop(self.b1, self.b2, self.eps, self.mu_dtype, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),
         )

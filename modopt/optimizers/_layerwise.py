@@ -48,6 +48,8 @@ class Lars(AbstractComposite):
             a function of the params returning one.
         momentum: the decay of the momentum trace, in [0, 1].
         nesterov: use Nesterov's momentum `g + momentum * t` in place of `t` (static).
+        accumulator_dtype: the dtype of the momentum trace (as `sgd`'s); `None` keeps the
+            parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.lars(0.1, weight_decay=1e-4), model)
@@ -63,6 +65,7 @@ class Lars(AbstractComposite):
     trust_ratio_mask: Any = fields.mask(True)
     momentum: Scalar = fields.momentum(0.9)
     nesterov: bool = static(default=False)
+    accumulator_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
@@ -72,7 +75,7 @@ class Lars(AbstractComposite):
                 self.trust_ratio_mask,
             ),
             ScaleByLearningRate(self.learning_rate),
-            Trace(self.momentum, self.nesterov),
+            Trace(self.momentum, self.nesterov, self.accumulator_dtype),
         )
 
 
@@ -97,6 +100,8 @@ class Lamb(AbstractComposite):
             >= 0.
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, a function of the params returning one (such as `modopt.weight_decay_mask`).
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.lamb(1e-3, weight_decay=1e-2), model)
@@ -111,10 +116,12 @@ class Lamb(AbstractComposite):
     eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: Any = fields.mask()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
-            ScaleByAdam(self.b1, self.b2, self.eps, self.eps_root),
+            ScaleByAdam(self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay, mask=self.mask),
             ScaleByTrustRatio(),
             ScaleByLearningRate(self.learning_rate),

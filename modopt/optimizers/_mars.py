@@ -58,8 +58,10 @@ class Mars(AbstractComposite):
             rate).
         max_norm: the largest norm of each matrix's corrected gradient, > 0; `None` for no
             clipping.
-        mu_dtype: the dtype of the first moments (for instance `jnp.bfloat16` to save memory);
-            `None` keeps the parameters' dtype.
+        mu_dtype: the dtype of the first moments and of the previous gradient (for instance
+            `jnp.bfloat16` to save memory); `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moments (MARS's and AdamW's); `None` keeps the
+            parameters' dtype.
         optimize_1d: apply MARS to every parameter, not only the matrices (static).
         adam_learning_rate: AdamW's learning rate (a number or a schedule); `None` uses
             `learning_rate`.
@@ -87,10 +89,11 @@ class Mars(AbstractComposite):
     adam_b1: Scalar = fields.decay_rate(0.9, kw_only=True)
     adam_b2: Scalar = fields.decay_rate(0.95, kw_only=True)
     adam_weight_decay: ScalarOrSchedule = fields.weight_decay(0.1, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         mars_part = Chain(
-            ScaleByMars(self.b1, self.b2, self.gamma, self.eps, self.max_norm, self.mu_dtype),
+            ScaleByMars(self.b1, self.b2, self.gamma, self.eps, self.max_norm, self.mu_dtype, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay),
             ScaleByLearningRate(self.learning_rate),
         )
@@ -98,7 +101,14 @@ class Mars(AbstractComposite):
             return mars_part
         adam_learning_rate = self.learning_rate if self.adam_learning_rate is None else self.adam_learning_rate
         adam_part = AdamW(
-            adam_learning_rate, self.adam_b1, self.adam_b2, self.eps, 0.0, self.mu_dtype, self.adam_weight_decay
+            adam_learning_rate,
+            self.adam_b1,
+            self.adam_b2,
+            self.eps,
+            0.0,
+            self.mu_dtype,
+            self.adam_weight_decay,
+            nu_dtype=self.nu_dtype,
         )
         return Partition({"mars": mars_part, "adam": adam_part}, MarsLabels())
 

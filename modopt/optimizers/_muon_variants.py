@@ -26,15 +26,15 @@ from ..transforms._newton_schulz import (
     as_dimension_numbers,
     as_ns_coeffs,
 )
-from ._adam import AdamW
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from ._adam import AdamW
 
 
 def muon_partition(tx: Any, matrices: Any, nesterov: bool, owner: str) -> Partition:
     """Muon's split (also `modopt.contrib.muon`'s): `matrices` for the weights that the
     dimension numbers of `tx` select, AdamW for the others, built from the `adam_*` fields of
-    `tx` with its `eps` and `mu_dtype` (its learning rate `learning_rate` unless given)."""
+    `tx` with its `eps`, `mu_dtype` and `nu_dtype` (its learning rate `learning_rate` unless given)."""
     learning_rate = tx.learning_rate if tx.adam_learning_rate is None else tx.adam_learning_rate
     adam = AdamW(
         learning_rate,
@@ -44,6 +44,7 @@ def muon_partition(tx: Any, matrices: Any, nesterov: bool, owner: str) -> Partit
         tx.adam_eps_root,
         tx.mu_dtype,
         tx.adam_weight_decay,
+        nu_dtype=tx.nu_dtype,
         nesterov=nesterov,
     )
     dims = tx.muon_weight_dimension_numbers
@@ -90,6 +91,8 @@ class NorMuon(AbstractComposite):
             like (a prefix of) the params, or a function of the params returning one.
         mu_dtype: the dtype of both momenta (NorMuon's and Adam's first moment); `None` keeps the
             parameters' dtype.
+        nu_dtype: the dtype of both second moments (NorMuon's and Adam's); `None` keeps the
+            parameters' dtype.
         consistent_rms: the RMS the matrices' updates are rescaled to, or `None` to keep the
             orthogonalized norm and apply Muon's width scaling.
         nesterov: orthogonalize Nesterov's look-ahead of the momentum (static).
@@ -135,6 +138,7 @@ class NorMuon(AbstractComposite):
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
     adam_nesterov: bool = static(default=False, kw_only=True)
     muon_weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         dims = self.muon_weight_dimension_numbers
@@ -149,6 +153,7 @@ class NorMuon(AbstractComposite):
             nesterov=self.nesterov,
             preconditioning=self.preconditioning,
             weight_dimension_numbers=dims,
+            nu_dtype=self.nu_dtype,
         )
         width = () if self.consistent_rms is not None else (ScaleByShape(dims, None, owner="normuon"),)
         matrices = Chain(
@@ -199,6 +204,8 @@ class AdaMuon(AbstractComposite):
             like (a prefix of) the params, or a function of the params returning one.
         mu_dtype: the dtype of both momenta (AdaMuon's and Adam's first moment); `None` keeps the
             parameters' dtype.
+        nu_dtype: the dtype of both second moments (AdaMuon's and Adam's); `None` keeps the
+            parameters' dtype.
         consistent_rms: the RMS of each matrix's update, >= 0.
         nesterov: orthogonalize Nesterov's look-ahead of the momentum (static).
         sign_stabilization: orthogonalize the sign of the momentum (the paper's) rather than the
@@ -246,6 +253,7 @@ class AdaMuon(AbstractComposite):
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
     adam_nesterov: bool = static(default=False, kw_only=True)
     muon_weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         dims = self.muon_weight_dimension_numbers
@@ -262,6 +270,7 @@ class AdaMuon(AbstractComposite):
                 sign_stabilization=self.sign_stabilization,
                 preconditioning=self.preconditioning,
                 weight_dimension_numbers=dims,
+                nu_dtype=self.nu_dtype,
             ),
             AddDecayedWeights(self.weight_decay, self.weight_decay_mask),
             ScaleByLearningRate(self.learning_rate),

@@ -42,6 +42,8 @@ class Sm3(AbstractComposite):
     Args:
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
         momentum: the decay of the momentum, in [0, 1], or `None` for no momentum.
+        mu_dtype: the dtype of the momentum; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the accumulators; `None` keeps the parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.sm3(0.1), model)
@@ -52,13 +54,18 @@ class Sm3(AbstractComposite):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     momentum: Scalar = fields.decay_rate()
+    mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype()
 
-    def __init__(self, learning_rate: Any, momentum: Any = 0.9):
+    def __init__(self, learning_rate: Any, momentum: Any = 0.9, *, mu_dtype: Any = None, nu_dtype: Any = None):
         self.learning_rate = learning_rate
         self.momentum = 0.0 if momentum is None else momentum
+        self.mu_dtype = mu_dtype
+        self.nu_dtype = nu_dtype
 
     def build(self):
-        return Chain(ScaleBySM3(b1=self.momentum), ScaleByLearningRate(self.learning_rate))
+        sm3 = ScaleBySM3(b1=self.momentum, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype)
+        return Chain(sm3, ScaleByLearningRate(self.learning_rate))
 
 
 class Rprop(AbstractComposite):
@@ -187,6 +194,7 @@ class OptimisticAdam(AbstractComposite):
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment in the Adam direction (static; the default,
             as in optax).
 
@@ -205,6 +213,7 @@ class OptimisticAdam(AbstractComposite):
     eps_root: Scalar = fields.eps(0.0)
     mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=True, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         if callable(self.learning_rate):
@@ -222,7 +231,9 @@ class OptimisticAdam(AbstractComposite):
     def build(self):
         optimism = self.learning_rate if self.optimism is None else self.optimism
         return Chain(
-            ScaleByAdam(self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nesterov=self.nesterov),
+            ScaleByAdam(
+                self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nu_dtype=self.nu_dtype, nesterov=self.nesterov
+            ),
             ScaleByOptimisticGradient(self.learning_rate, optimism),
             _negate(),
         )
@@ -246,6 +257,7 @@ class OptimisticAdamV2(AbstractComposite):
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment in the Adam direction (static; the
             default).
 
@@ -265,10 +277,13 @@ class OptimisticAdamV2(AbstractComposite):
     eps_root: Scalar = fields.eps(0.0, kw_only=True)
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nesterov: bool = static(default=True, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
-            ScaleByAdam(self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nesterov=self.nesterov),
+            ScaleByAdam(
+                self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nu_dtype=self.nu_dtype, nesterov=self.nesterov
+            ),
             ScaleByOptimisticGradient(self.alpha, self.beta),
             ScaleByLearningRate(self.learning_rate),
         )

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import UNIT, static
-from .._moments import bias_correction, update_moment
+from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, widen
 from .._numerics import safe_increment
-from .._trees import cast, map_updates, zeros_like
+from .._trees import map_updates
 from .._fields import Scalar
 from jax.typing import DTypeLike
 
@@ -20,7 +20,7 @@ from jax.typing import DTypeLike
 class TraceState(NamedTuple):
     """The momentum buffer."""
 
-    trace: Any
+    trace: Any  # like the params (in `accumulator_dtype` if set)
 
 
 class Trace(AbstractTransform):
@@ -41,20 +41,22 @@ class Trace(AbstractTransform):
     accumulator_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
-        return TraceState(trace=zeros_like(params, self.accumulator_dtype))
+        return TraceState(trace=init_state(params, self.accumulator_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
         step = lambda g, t: g + self.decay * t  # noqa: E731
-        new_trace = map_updates(step, updates, state.trace)
-        updates = map_updates(step, updates, new_trace) if self.nesterov else new_trace
-        return updates, TraceState(trace=cast(new_trace, self.accumulator_dtype))
+        grads = widen(updates, self.accumulator_dtype)
+        new_trace = map_updates(step, grads, widen(state.trace, self.accumulator_dtype))
+        new_updates = map_updates(step, grads, new_trace) if self.nesterov else new_trace
+        new_updates = in_update_dtype(new_updates, updates, self.accumulator_dtype)
+        return new_updates, TraceState(trace=store(new_trace, self.accumulator_dtype))
 
 
 class EmaState(NamedTuple):
     """Step count and exponential moving average of past updates."""
 
     count: jax.Array  # int32 scalar
-    ema: Any
+    ema: Any  # like the params (in `accumulator_dtype` if set)
 
 
 class Ema(AbstractTransform):
@@ -75,13 +77,14 @@ class Ema(AbstractTransform):
     accumulator_dtype: DTypeLike | None = fields.dtype()
 
     def init(self, params):
-        return EmaState(count=jnp.zeros([], jnp.int32), ema=zeros_like(params, self.accumulator_dtype))
+        return EmaState(count=jnp.zeros([], jnp.int32), ema=init_state(params, self.accumulator_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
-        new_ema = update_moment(updates, state.ema, self.decay, 1)
+        new_ema = update_moment(updates, state.ema, self.decay, 1, self.accumulator_dtype)
         count = safe_increment(state.count)
-        updates = bias_correction(new_ema, self.decay, count) if self.debias else new_ema
-        return updates, EmaState(count=count, ema=cast(new_ema, self.accumulator_dtype))
+        new_updates = bias_correction(new_ema, self.decay, count) if self.debias else new_ema
+        new_updates = in_update_dtype(new_updates, updates, self.accumulator_dtype)
+        return new_updates, EmaState(count=count, ema=store(new_ema, self.accumulator_dtype))
 
 
 trace = Trace

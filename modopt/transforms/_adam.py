@@ -11,9 +11,18 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import static
-from .._moments import bias_correction, update_infinity_moment, update_moment, update_moment_per_elem_norm
+from .._moments import (
+    bias_correction,
+    in_update_dtype,
+    init_state,
+    store,
+    update_infinity_moment,
+    update_moment,
+    update_moment_per_elem_norm,
+    widen,
+)
 from .._numerics import safe_increment
-from .._trees import cast, cast_like, is_none, zeros_like
+from .._trees import is_none
 from .._fields import Scalar
 from jax.typing import DTypeLike
 
@@ -45,7 +54,7 @@ class ScaleByAdamState(NamedTuple):
 
     count: jax.Array  # int32 scalar
     mu: Any  # first moment, like the params (in `mu_dtype` if set)
-    nu: Any  # second moment, like the params
+    nu: Any  # second moment, like the params (in `nu_dtype` if set)
 
 
 class ScaleByAdam(AbstractTransform):
@@ -64,6 +73,8 @@ class ScaleByAdam(AbstractTransform):
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype (see
+            `fields.dtype`: state dtypes are accumulated in float32 and stored in this dtype).
         nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
             (static).
 
@@ -77,23 +88,24 @@ class ScaleByAdam(AbstractTransform):
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(0.0)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nesterov: bool = static(default=False, kw_only=True)
 
     def init(self, params):
         return ScaleByAdamState(
             count=jnp.zeros([], jnp.int32),
-            mu=zeros_like(params, self.mu_dtype),
-            nu=zeros_like(params),
+            mu=init_state(params, self.mu_dtype),
+            nu=init_state(params, self.nu_dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
-        mu_hat = debiased_mu(mu, updates, self.b1, count, self.nesterov)
+        mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.b1, count, self.nesterov)
         nu_hat = bias_correction(nu, self.b2, count)
-        updates = moment_ratio(mu_hat, nu_hat, self.eps, self.eps_root)
-        return updates, ScaleByAdamState(count, cast(mu, self.mu_dtype), cast_like(nu, state.nu))
+        new_updates = in_update_dtype(moment_ratio(mu_hat, nu_hat, self.eps, self.eps_root), updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleByAdamState(count, store(mu, self.mu_dtype), store(nu, self.nu_dtype, state.nu))
 
 
 class ScaleByAdamax(AbstractTransform):
@@ -107,6 +119,8 @@ class ScaleByAdamax(AbstractTransform):
         b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).
         b2: the decay rate of the infinity norm `u = max(|g| + eps, b2 u)`, in [0, 1).
         eps: added to `|g|` in the running maximum, >= 0, so that `u` is never zero.
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the infinity norm `u`; `None` keeps the parameters' dtype.
 
     Reference: Kingma & Ba, 2014 (Section 7.1), https://arxiv.org/abs/1412.6980
     """
@@ -117,15 +131,21 @@ class ScaleByAdamax(AbstractTransform):
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-8)
 
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+
     def init(self, params):
-        return ScaleByAdamState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params), nu=zeros_like(params))
+        return ScaleByAdamState(
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=init_state(params, self.nu_dtype)
+        )
 
     def update(self, updates, state, params=None, **extra_args):
         count = safe_increment(state.count)
-        mu = update_moment(updates, state.mu, self.b1, 1)
-        nu = update_infinity_moment(updates, state.nu, self.b2, self.eps)
-        updates = jax.tree_util.tree_map(lambda m, v: m / v, bias_correction(mu, self.b1, count), nu)
-        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = update_infinity_moment(updates, state.nu, self.b2, self.eps, self.nu_dtype)
+        new_updates = jax.tree_util.tree_map(lambda m, v: m / v, bias_correction(mu, self.b1, count), nu)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleByAdamState(count=count, mu=store(mu, self.mu_dtype), nu=store(nu, self.nu_dtype))
 
 
 class ScaleByAmsgradState(NamedTuple):
@@ -133,8 +153,8 @@ class ScaleByAmsgradState(NamedTuple):
 
     count: jax.Array  # int32 scalar
     mu: Any  # first moment, like the params (in `mu_dtype` if set)
-    nu: Any  # second moment, like the params
-    nu_max: Any  # running maximum of the (bias-corrected, by default) second moment
+    nu: Any  # second moment, like the params (in `nu_dtype` if set)
+    nu_max: Any  # running maximum of the (bias-corrected, by default) second moment (in `nu_dtype` if set)
 
 
 class ScaleByAmsgrad(AbstractTransform):
@@ -153,6 +173,8 @@ class ScaleByAmsgrad(AbstractTransform):
             gradients through the square root finite when differentiating through the optimizer).
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment and of its running maximum; `None` keeps the
+            parameters' dtype.
         bias_correction_mu: bias-correct the first moment as Adam does (static); `False` uses `m` as
             in the paper.
         bias_correction_nu: bias-correct the second moment before its running maximum (static);
@@ -170,24 +192,30 @@ class ScaleByAmsgrad(AbstractTransform):
     mu_dtype: DTypeLike | None = fields.dtype()
     bias_correction_mu: bool = static(default=True)
     bias_correction_nu: bool = static(default=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         return ScaleByAmsgradState(
             count=jnp.zeros([], jnp.int32),
-            mu=zeros_like(params, self.mu_dtype),
-            nu=zeros_like(params),
-            nu_max=zeros_like(params),
+            mu=init_state(params, self.mu_dtype),
+            nu=init_state(params, self.nu_dtype),
+            nu_max=init_state(params, self.nu_dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
         mu_hat = bias_correction(mu, self.b1, count) if self.bias_correction_mu else mu
         nu_hat = bias_correction(nu, self.b2, count) if self.bias_correction_nu else nu
-        nu_max = jax.tree_util.tree_map(jnp.maximum, state.nu_max, nu_hat)
-        updates = moment_ratio(mu_hat, nu_max, self.eps, self.eps_root)
-        return updates, ScaleByAmsgradState(count=count, mu=cast(mu, self.mu_dtype), nu=nu, nu_max=nu_max)
+        nu_max = jax.tree_util.tree_map(jnp.maximum, widen(state.nu_max, self.nu_dtype), nu_hat)
+        new_updates = in_update_dtype(moment_ratio(mu_hat, nu_max, self.eps, self.eps_root), updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleByAmsgradState(
+            count=count,
+            mu=store(mu, self.mu_dtype),
+            nu=store(nu, self.nu_dtype),
+            nu_max=store(nu_max, self.nu_dtype),
+        )
 
 
 scale_by_adam = ScaleByAdam

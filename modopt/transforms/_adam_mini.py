@@ -12,10 +12,10 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import resolve_tree
-from .._moments import bias_correction, update_moment
+from .._moments import bias_correction, init_state, state_dtype_for, store, update_dtype, update_moment, widen
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
-from .._trees import abs_sq, cast, cast_like, zeros_like
+from .._trees import abs_sq
 from .._fields import Scalar
 from jax.typing import DTypeLike
 
@@ -141,7 +141,7 @@ class ScaleByAdamMiniState(NamedTuple):
 
     count: jax.Array  # int32 scalar
     mu: Any  # first moment, like the params (in `mu_dtype` if set)
-    nu: Any  # per parameter: a scalar, a vector along the kept axis, or one entry per element
+    nu: Any  # per parameter: a scalar, a vector along the kept axis, or one entry per element (or `nu_dtype`)
 
 
 class ScaleByAdamMini(AbstractTransform):
@@ -185,6 +185,7 @@ class ScaleByAdamMini(AbstractTransform):
         partition: each parameter's block rule (static): a rule for all, a pytree of rules shaped
             like the params (or a prefix), or a function of the params returning one; `None`:
             `"leaf"` for every parameter.
+        nu_dtype: the dtype of the block second moments; `None` keeps the parameters' dtype.
 
     Example:
         >>> partition = {"embed": 0, "mlp": {"w": 0, "b": "element"}, "norm": "leaf"}
@@ -200,6 +201,7 @@ class ScaleByAdamMini(AbstractTransform):
     eps: Scalar = fields.eps(1e-8)
     mu_dtype: DTypeLike | None = fields.dtype()
     partition: Any = fields.mask()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         # A pytree of rules is checked here (shapes are checked when the parameters are known);
@@ -232,24 +234,32 @@ class ScaleByAdamMini(AbstractTransform):
     def init(self, params):
         rules = self._rules(params)
         leaves, treedef = jax.tree_util.tree_flatten(params)
-        nu = [jnp.zeros(_block_shape(rule, p.shape), p.dtype) for rule, p in zip(rules, leaves)]
+        nu = [
+            jnp.zeros(_block_shape(rule, p.shape), state_dtype_for(self.nu_dtype, p.dtype))
+            for rule, p in zip(rules, leaves)
+        ]
         return ScaleByAdamMiniState(
-            count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=treedef.unflatten(nu)
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=treedef.unflatten(nu)
         )
 
     def update(self, updates, state, params=None, **extra_args):
         rules = self._rules(updates)
         g, treedef = jax.tree_util.tree_flatten(updates)
-        nu = update_moment([block_mean(r, abs_sq(x)) for r, x in zip(rules, g)], treedef.flatten_up_to(state.nu), self.b2, 1)
-        mu = update_moment(updates, state.mu, self.b1, 1)
+        squares = [block_mean(r, abs_sq(x)) for r, x in zip(rules, widen(g, self.nu_dtype))]
+        nu = update_moment(squares, treedef.flatten_up_to(state.nu), self.b2, 1, self.nu_dtype)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
         count = safe_increment(state.count)
         mu_hat = treedef.flatten_up_to(bias_correction(mu, self.b1, count))
         rms = [jnp.sqrt(v) + self.eps for v in bias_correction(nu, self.b2, count)]
-        new_updates = [m / block_broadcast(r, d, x.shape) for r, m, d, x in zip(rules, mu_hat, rms, g)]
+        # Each update in its gradient's dtype (promoted with the state dtypes that are set).
+        new_updates = [
+            (m / block_broadcast(r, d, x.shape)).astype(update_dtype(x.dtype, self.mu_dtype, self.nu_dtype))
+            for r, m, d, x in zip(rules, mu_hat, rms, g)
+        ]
         new_state = ScaleByAdamMiniState(
-            count=count, mu=cast(mu, self.mu_dtype), nu=cast_like(treedef.unflatten(nu), state.nu)
+            count=count, mu=store(mu, self.mu_dtype), nu=store(treedef.unflatten(nu), self.nu_dtype, state.nu)
         )
-        return cast_like(treedef.unflatten(new_updates), updates), new_state
+        return treedef.unflatten(new_updates), new_state
 
     def state_specs(self, params, param_specs):
         rules = self._rules(params)

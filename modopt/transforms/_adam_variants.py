@@ -10,19 +10,20 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter, static
-from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
 from .._numerics import safe_increment
-from .._trees import abs_sq, full_like, map_updates, select, zeros_like
+from .._trees import abs_sq, map_updates, select, zeros_like
 from ._adam import ScaleByAdamState, debiased_mu, moment_ratio
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
-def _adam_state(params: Any, initial_value: Any = 0.0) -> ScaleByAdamState:
-    """A fresh `ScaleByAdamState` with both moments filled with `initial_value`."""
+def _adam_state(params: Any, mu_dtype: Any, nu_dtype: Any, initial_value: Any = 0.0) -> ScaleByAdamState:
+    """A fresh `ScaleByAdamState` with both moments filled with `initial_value`, in their dtypes."""
     return ScaleByAdamState(
         count=jnp.zeros([], jnp.int32),
-        mu=full_like(params, initial_value),
-        nu=full_like(params, initial_value),
+        mu=init_state(params, mu_dtype, initial_value),
+        nu=init_state(params, nu_dtype, initial_value),
     )
 
 
@@ -30,8 +31,8 @@ class ScaleByBeliefState(NamedTuple):
     """AdaBelief's step count, first moment and moving variance of the prediction error."""
 
     count: jax.Array  # int32 scalar
-    mu: Any  # first moment, like the params
-    nu: Any  # second moment of `g - mu` (plus `eps_root`), like the params
+    mu: Any  # first moment, like the params (in `mu_dtype` if set)
+    nu: Any  # second moment of `g - mu` (plus `eps_root`), like the params (in `nu_dtype` if set)
 
 
 class ScaleByBelief(AbstractTransform):
@@ -47,6 +48,8 @@ class ScaleByBelief(AbstractTransform):
         b2: the decay rate of `s`, the EMA of the squared deviation `|g - m|^2`, in [0, 1).
         eps: added to `sqrt(s_hat)` in the denominator, >= 0.
         eps_root: added to `s` at every step, >= 0.
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of `s`; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
             (static).
 
@@ -60,19 +63,25 @@ class ScaleByBelief(AbstractTransform):
     eps: Scalar = fields.eps(1e-16)
     eps_root: Scalar = fields.eps(1e-16)
     nesterov: bool = static(default=False, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return ScaleByBeliefState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params), nu=zeros_like(params))
+        return ScaleByBeliefState(
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=init_state(params, self.nu_dtype)
+        )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1)
-        prediction_error = map_updates(jnp.subtract, updates, mu)
-        nu = update_moment_per_elem_norm(prediction_error, state.nu, self.b2, 2)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        prediction_error = map_updates(jnp.subtract, widen(updates, self.nu_dtype), mu)
+        nu = update_moment_per_elem_norm(prediction_error, state.nu, self.b2, 2, self.nu_dtype)
         nu = map_updates(lambda v: v + self.eps_root, nu)
         count = safe_increment(state.count)
-        mu_hat = debiased_mu(mu, updates, self.b1, count, self.nesterov)
-        updates = moment_ratio(mu_hat, bias_correction(nu, self.b2, count), self.eps)
-        return updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
+        mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.b1, count, self.nesterov)
+        new_updates = moment_ratio(mu_hat, bias_correction(nu, self.b2, count), self.eps)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
+        mu, nu = store(mu, self.mu_dtype), store(nu, self.nu_dtype, state.nu)  # `nu` follows `mu`'s dtype otherwise
+        return new_updates, ScaleByBeliefState(count=count, mu=mu, nu=nu)
 
 
 class ScaleByYogi(AbstractTransform):
@@ -89,6 +98,8 @@ class ScaleByYogi(AbstractTransform):
         eps: added to `sqrt(v_hat)` in the denominator, >= 0.
         eps_root: added to `v_hat` inside the square root, >= 0.
         initial_accumulator_value: the starting value of both moments, >= 0.
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Reference: Zaheer et al., 2018,
     https://papers.nips.cc/paper/2018/hash/90365351ccc7437a1309dc64e4db32a3-Abstract.html
@@ -101,18 +112,25 @@ class ScaleByYogi(AbstractTransform):
     eps: Scalar = fields.eps(1e-3)
     eps_root: Scalar = fields.eps(0.0)
     initial_accumulator_value: Scalar = fields.eps(1e-6)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return _adam_state(params, self.initial_accumulator_value)
+        return _adam_state(params, self.mu_dtype, self.nu_dtype, self.initial_accumulator_value)
 
     def update(self, updates, state, params=None, **extra_args):
         b2 = self.b2
-        mu = update_moment(updates, state.mu, self.b1, 1)
-        nu = map_updates(lambda g, v: v - (1 - b2) * jnp.sign(v - abs_sq(g)) * abs_sq(g), updates, state.nu)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = map_updates(
+            lambda g, v: v - (1 - b2) * jnp.sign(v - abs_sq(g)) * abs_sq(g),
+            widen(updates, self.nu_dtype),
+            widen(state.nu, self.nu_dtype),
+        )
         count = safe_increment(state.count)
         mu_hat = bias_correction(mu, self.b1, count)
-        updates = moment_ratio(mu_hat, bias_correction(nu, b2, count), self.eps, self.eps_root)
-        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+        new_updates = moment_ratio(mu_hat, bias_correction(nu, b2, count), self.eps, self.eps_root)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleByAdamState(count=count, mu=store(mu, self.mu_dtype), nu=store(nu, self.nu_dtype))
 
 
 class ScaleByRadam(AbstractTransform):
@@ -132,6 +150,8 @@ class ScaleByRadam(AbstractTransform):
         eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
             gradients through the square root finite when differentiating through the optimizer).
         threshold: the value of `rho_t` from which the adaptive, rectified update is used, >= 0.
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment (NAdam) instead of the bias-corrected one
             (static).
 
@@ -146,13 +166,15 @@ class ScaleByRadam(AbstractTransform):
     eps_root: Scalar = fields.eps(0.0)
     threshold: Scalar = hyperparameter(5.0, check=NONNEGATIVE)
     nesterov: bool = static(default=False, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return _adam_state(params)
+        return _adam_state(params, self.mu_dtype, self.nu_dtype)
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
+        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
         # In float32 from the rate's exact complement (optax works in double precision): the two
         # agree to rounding, about 1e-4 at b2 = 0.999, which moves r_t just past the threshold.
@@ -160,7 +182,7 @@ class ScaleByRadam(AbstractTransform):
         b2_t = self.b2**count
         rho = rho_inf - 2 * count * b2_t / (1 - b2_t)
         r = jnp.sqrt((rho - 4.0) * (rho - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho))
-        mu_hat = debiased_mu(mu, updates, self.b1, count, self.nesterov)
+        mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.b1, count, self.nesterov)
         rectified = moment_ratio(
             jax.tree_util.tree_map(lambda m: r.astype(m.dtype) * m, mu_hat),
             bias_correction(nu, self.b2, count),
@@ -168,17 +190,18 @@ class ScaleByRadam(AbstractTransform):
             self.eps_root,
         )
         tractable = rho >= self.threshold
-        updates = jax.tree_util.tree_map(lambda u, m: jnp.where(tractable, u, m), rectified, mu_hat)
-        return updates, ScaleByAdamState(count=count, mu=mu, nu=nu)
+        new_updates = jax.tree_util.tree_map(lambda u, m: jnp.where(tractable, u, m), rectified, mu_hat)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleByAdamState(count=count, mu=store(mu, self.mu_dtype), nu=store(nu, self.nu_dtype))
 
 
 class ScaleByAdanState(NamedTuple):
     """Adan's moving averages, the previous gradient and the step count."""
 
-    m: Any  # EMA of gradients, like the params
-    v: Any  # EMA of gradient differences, like the params
-    n: Any  # EMA of the squared term, like the params
-    g: Any  # the previous gradient, like the params
+    m: Any  # EMA of gradients, like the params (in `mu_dtype` if set)
+    v: Any  # EMA of gradient differences, like the params (in `mu_dtype` if set)
+    n: Any  # EMA of the squared term, like the params (in `nu_dtype` if set)
+    g: Any  # the previous gradient, like the params (in `mu_dtype` if set)
     t: jax.Array  # int32 scalar
 
 
@@ -196,6 +219,9 @@ class ScaleByAdan(AbstractTransform):
         b3: the decay rate of `n`, the EMA of `|g + (1 - b2) d|^2`, in [0, 1).
         eps: added to the denominator's square root for numerical stability, >= 0.
         eps_root: added to `n_hat` inside the square root, >= 0.
+        mu_dtype: the dtype of the first-order state `m`, `v` and the previous gradient; `None`
+            keeps the parameters' dtype.
+        nu_dtype: the dtype of `n`; `None` keeps the parameters' dtype.
 
     Reference: Xie et al., 2022, https://arxiv.org/abs/2208.06677
     """
@@ -207,25 +233,31 @@ class ScaleByAdan(AbstractTransform):
     b3: Scalar = fields.decay_rate(0.99)
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(0.0)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        zeros = lambda: zeros_like(params)  # noqa: E731
-        return ScaleByAdanState(m=zeros(), v=zeros(), n=zeros(), g=zeros(), t=jnp.zeros([], jnp.int32))
+        first = lambda: init_state(params, self.mu_dtype)  # noqa: E731
+        return ScaleByAdanState(
+            m=first(), v=first(), n=init_state(params, self.nu_dtype), g=first(), t=jnp.zeros([], jnp.int32)
+        )
 
     def update(self, updates, state, params=None, **extra_args):
         b1, b2, b3 = self.b1, self.b2, self.b3
-        grads = updates
-        diff = select(state.t == 0, zeros_like(grads), map_updates(jnp.subtract, grads, state.g))
-        m = update_moment(grads, state.m, b1, 1)
-        v = update_moment(diff, state.v, b2, 1)
-        corrected = map_updates(lambda g, d: g + (1 - b2) * d, grads, diff)
-        n = update_moment_per_elem_norm(corrected, state.n, b3, 2)
+        grads = widen(updates, self.mu_dtype)
+        diff = select(state.t == 0, zeros_like(grads), map_updates(jnp.subtract, grads, widen(state.g, self.mu_dtype)))
+        m = update_moment(grads, state.m, b1, 1, self.mu_dtype)
+        v = update_moment(diff, state.v, b2, 1, self.mu_dtype)
+        corrected = map_updates(lambda g, d: g + (1 - b2) * d, widen(grads, self.nu_dtype), widen(diff, self.nu_dtype))
+        n = update_moment_per_elem_norm(corrected, state.n, b3, 2, self.nu_dtype)
         t = safe_increment(state.t)
         direction = jax.tree_util.tree_map(
             lambda m_hat, v_hat: m_hat + (1 - b2) * v_hat, bias_correction(m, b1, t), bias_correction(v, b2, t)
         )
-        updates = moment_ratio(direction, bias_correction(n, b3, t), self.eps, self.eps_root)
-        return updates, ScaleByAdanState(m=m, v=v, n=n, g=grads, t=t)
+        new_updates = moment_ratio(direction, bias_correction(n, b3, t), self.eps, self.eps_root)
+        m, v, previous = store(m, self.mu_dtype), store(v, self.mu_dtype), store(grads, self.mu_dtype)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleByAdanState(m=m, v=v, n=store(n, self.nu_dtype, state.n), g=previous, t=t)
 
 
 scale_by_belief = ScaleByBelief

@@ -9,11 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import fields
 from .._base import AbstractTransform, require_params
 from .._fields import NONNEGATIVE, UNIT, hyperparameter, static
+from .._moments import in_update_dtype, state_dtype_for, widen
 from .._numerics import abs_sq, safe_increment
 from .._specs import REPLICATED, drop_axis
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def decay_rate_pow(step: jax.Array, exponent: Any = 0.8) -> jax.Array:
@@ -69,6 +72,8 @@ class ScaleByFactoredRms(AbstractTransform):
         epsilon: added to the squared gradients before they are averaged, >= 0.
         decay_rate_fn: the function `(step, decay_rate) -> rate` giving each step's decay rate of
             the statistics (static: code).
+        nu_dtype: the dtype of the statistics (rows, columns, full); `None` keeps the parameters'
+            dtype, and then, as in optax, each step rounds them to it before using them.
 
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
@@ -79,19 +84,21 @@ class ScaleByFactoredRms(AbstractTransform):
     min_dim_size_to_factor: int = static(default=128)
     epsilon: Scalar = hyperparameter(default=1e-30, check=NONNEGATIVE)
     decay_rate_fn: Callable[[Any, Any], Any] = static(default=decay_rate_pow)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def _dims(self, leaf):
         return factored_dims(leaf.shape, self.factored, self.min_dim_size_to_factor)
 
     def init(self, params):
         def one(p):
-            placeholder = lambda: jnp.zeros((1,), p.dtype)  # noqa: E731  (one array per field: each is donated)
+            dtype = state_dtype_for(self.nu_dtype, p.dtype)
+            placeholder = lambda: jnp.zeros((1,), dtype)  # noqa: E731  (one array per field: each is donated)
             dims = self._dims(p)
             if dims is None:
-                return placeholder(), placeholder(), jnp.zeros_like(p)
+                return placeholder(), placeholder(), jnp.zeros_like(p, dtype)
             d1, d0 = dims
-            row = jnp.zeros(np.delete(p.shape, d0), p.dtype)
-            col = jnp.zeros(np.delete(p.shape, d1), p.dtype)
+            row = jnp.zeros(np.delete(p.shape, d0), dtype)
+            col = jnp.zeros(np.delete(p.shape, d1), dtype)
             return row, col, placeholder()
 
         leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -116,25 +123,32 @@ class ScaleByFactoredRms(AbstractTransform):
         decay = self.decay_rate_fn(state.count - self.step_offset, self.decay_rate)
 
         def one(g, v_row, v_col, v, p):
-            placeholder = jnp.zeros((1,), p.dtype)
+            stored = state_dtype_for(self.nu_dtype, p.dtype)
+            # Without a state dtype the statistics are rounded to the params' dtype before use
+            # (optax); with one they are used as computed (in float32 at least) and then stored.
+            used = p.dtype if self.nu_dtype is None else None
+            rounded = lambda x: x if used is None else x.astype(used)  # noqa: E731
+            g, v_row, v_col, v = widen((g, v_row, v_col, v), self.nu_dtype)
+            placeholder = jnp.zeros((1,), stored)
             g_sq = abs_sq(g) + self.epsilon
             dims = self._dims(p)
             if dims is None:
-                new_v = (decay * v + (1.0 - decay) * g_sq).astype(p.dtype)
-                return g * new_v**-0.5, (placeholder, placeholder, new_v)
+                new_v = rounded(decay * v + (1.0 - decay) * g_sq)
+                return g * new_v**-0.5, (placeholder, placeholder, new_v.astype(stored))
             d1, d0 = dims
-            new_row = (decay * v_row + (1.0 - decay) * jnp.mean(g_sq, axis=d0)).astype(p.dtype)
-            new_col = (decay * v_col + (1.0 - decay) * jnp.mean(g_sq, axis=d1)).astype(p.dtype)
+            new_row = rounded(decay * v_row + (1.0 - decay) * jnp.mean(g_sq, axis=d0))
+            new_col = rounded(decay * v_col + (1.0 - decay) * jnp.mean(g_sq, axis=d1))
             row_axis_of_d1 = d1 - 1 if d1 > d0 else d1  # where d1 sits once d0 is gone
             row_factor = (new_row / jnp.mean(new_row, axis=row_axis_of_d1, keepdims=True)) ** -0.5
             col_factor = new_col**-0.5
             update = g * jnp.expand_dims(row_factor, d0) * jnp.expand_dims(col_factor, d1)
-            return update, (new_row, new_col, placeholder)
+            return update, (new_row.astype(stored), new_col.astype(stored), placeholder)
 
         treedef = jax.tree_util.tree_structure(params)
         columns = (treedef.flatten_up_to(t) for t in (updates, state.v_row, state.v_col, state.v, params))
         results = [one(*leaves) for leaves in zip(*columns)]
         new_updates = treedef.unflatten([update for update, _ in results])
+        new_updates = in_update_dtype(new_updates, updates, self.nu_dtype)
         return new_updates, _factored_state(safe_increment(state.count), treedef, [s for _, s in results])
 
 

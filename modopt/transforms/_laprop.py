@@ -9,9 +9,9 @@ import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractTransform
-from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._moments import bias_correction, init_state, store, update_dtype, update_moment, update_moment_per_elem_norm, widen
 from .._numerics import safe_increment
-from .._trees import cast, cast_like, zeros_like
+from .._trees import map_updates
 from ._adam import moment_ratio
 from .._fields import Scalar
 from jax.typing import DTypeLike
@@ -22,7 +22,7 @@ class ScaleByLapropState(NamedTuple):
 
     count: jax.Array  # int32 scalar
     mu: Any  # EMA of g / (sqrt(nu_hat) + eps), like the params (in `mu_dtype` if set)
-    nu: Any  # EMA of |g|^2, like the params
+    nu: Any  # EMA of |g|^2, like the params (in `nu_dtype` if set)
 
 
 class ScaleByLaprop(AbstractTransform):
@@ -47,6 +47,7 @@ class ScaleByLaprop(AbstractTransform):
         eps: added to the bias-corrected RMS `sqrt(v_hat)` before dividing, >= 0.
         mu_dtype: the dtype of the momentum (for instance `jnp.bfloat16` to save memory); `None`
             keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.chain(modopt.scale_by_laprop(), modopt.scale_by_learning_rate(4e-4))
@@ -61,19 +62,23 @@ class ScaleByLaprop(AbstractTransform):
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-15)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         return ScaleByLapropState(
-            count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=zeros_like(params)
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=init_state(params, self.nu_dtype)
         )
 
     def update(self, updates, state, params=None, **extra_args):
         count = safe_increment(state.count)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2)
-        normalized = moment_ratio(updates, bias_correction(nu, self.b2, count), self.eps)
-        mu = update_moment(normalized, state.mu, self.b1, 1)
-        new_updates = cast_like(bias_correction(mu, self.b1, count), updates)
-        return new_updates, ScaleByLapropState(count, cast(mu, self.mu_dtype), cast_like(nu, state.nu))
+        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
+        normalized = moment_ratio(widen(updates, self.mu_dtype), bias_correction(nu, self.b2, count), self.eps)
+        mu = update_moment(normalized, state.mu, self.b1, 1, self.mu_dtype)
+        # In the gradients' dtype (promoted with the state dtypes that are set).
+        dtype = lambda g: update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)  # noqa: E731
+        new_updates = map_updates(lambda m, g: m.astype(dtype(g)), bias_correction(mu, self.b1, count), updates)
+        mu, nu = store(mu, self.mu_dtype, state.mu), store(nu, self.nu_dtype, state.nu)
+        return new_updates, ScaleByLapropState(count, mu, nu)
 
 
 scale_by_laprop = ScaleByLaprop

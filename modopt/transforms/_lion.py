@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import POSITIVE, UNIT, choice, hyperparameter
-from .._moments import update_moment
+from .._moments import in_update_dtype, init_state, store, update_moment, widen
 from .._numerics import safe_increment
-from .._trees import cast, map_updates, zeros_like
+from .._trees import map_updates
 from .._fields import Scalar
 from jax.typing import DTypeLike
 
@@ -64,12 +64,14 @@ class ScaleByLion(AbstractTransform):
         return jnp.sign(c)
 
     def init(self, params):
-        return ScaleByLionState(count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype))
+        return ScaleByLionState(count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
         b1 = self.b1
-        new_updates = map_updates(lambda g, m: self._sign((1 - b1) * g + b1 * m), updates, state.mu)
-        mu = cast(update_moment(updates, state.mu, self.b2, 1), self.mu_dtype)
+        grads, stored = widen(updates, self.mu_dtype), widen(state.mu, self.mu_dtype)
+        new_updates = map_updates(lambda g, m: self._sign((1 - b1) * g + b1 * m), grads, stored)
+        mu = store(update_moment(grads, stored, self.b2, 1), self.mu_dtype)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype)
         return new_updates, ScaleByLionState(count=safe_increment(state.count), mu=mu)
 
 

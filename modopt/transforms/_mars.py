@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, POSITIVE, hyperparameter
-from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._moments import bias_correction, init_state, store, update_dtype, update_moment, update_moment_per_elem_norm, widen
 from .._numerics import safe_increment
-from .._trees import abs_sq, cast, cast_like, map_updates, zeros_like
+from .._trees import abs_sq, map_updates
 from ._adam import moment_ratio
 from .._fields import Scalar
 from jax.typing import DTypeLike
@@ -23,8 +23,8 @@ class ScaleByMarsState(NamedTuple):
 
     count: jax.Array  # int32 scalar
     mu: Any  # EMA of the corrected gradients c, like the params (in `mu_dtype` if set)
-    nu: Any  # EMA of |c|^2, like the params
-    last_grad: Any  # the gradient of the previous step (zeros before the first), like the params
+    nu: Any  # EMA of |c|^2, like the params (in `nu_dtype` if set)
+    last_grad: Any  # the gradient of the previous step (zeros before the first), like the params (or `mu_dtype`)
 
 
 def corrected_gradient(g: jax.Array, last: jax.Array, scale: Any, max_norm: Any) -> jax.Array:
@@ -66,8 +66,9 @@ class ScaleByMars(AbstractTransform):
         eps: added to the denominator's square root for numerical stability, >= 0.
         max_norm: the largest norm of each parameter's corrected gradient `c`, > 0; `None` for no
             clipping.
-        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
-            keeps the parameters' dtype.
+        mu_dtype: the dtype of the first-order state, the first moment and the previous gradient
+            (for instance `jnp.bfloat16` to save memory); `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.chain(modopt.scale_by_mars(), modopt.scale_by_learning_rate(3e-3))
@@ -82,29 +83,33 @@ class ScaleByMars(AbstractTransform):
     eps: Scalar = fields.eps(1e-8)
     max_norm: Scalar | None = hyperparameter(1.0, check=POSITIVE, optional=True)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         return ScaleByMarsState(
             count=jnp.zeros([], jnp.int32),
-            mu=zeros_like(params, self.mu_dtype),
-            nu=zeros_like(params),
-            last_grad=zeros_like(params),
+            mu=init_state(params, self.mu_dtype),
+            nu=init_state(params, self.nu_dtype),
+            last_grad=init_state(params, self.mu_dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         scale = self.gamma * self.b1 / (1 - self.b1)
-        c = map_updates(lambda g, last: corrected_gradient(g, last, scale, self.max_norm), updates, state.last_grad)
-        mu = update_moment(c, state.mu, self.b1, 1)
-        nu = update_moment_per_elem_norm(c, state.nu, self.b2, 2)
+        grads, last = widen(updates, self.mu_dtype), widen(state.last_grad, self.mu_dtype)
+        c = map_updates(lambda g, last: corrected_gradient(g, last, scale, self.max_norm), grads, last)
+        mu = update_moment(c, state.mu, self.b1, 1, self.mu_dtype)
+        nu = update_moment_per_elem_norm(c, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
         new_updates = moment_ratio(bias_correction(mu, self.b1, count), bias_correction(nu, self.b2, count), self.eps)
         new_state = ScaleByMarsState(
             count=count,
-            mu=cast(mu, self.mu_dtype),
-            nu=cast_like(nu, state.nu),
-            last_grad=cast_like(updates, state.last_grad),
+            mu=store(mu, self.mu_dtype),
+            nu=store(nu, self.nu_dtype, state.nu),
+            last_grad=store(updates, self.mu_dtype, state.last_grad),
         )
-        return cast_like(new_updates, updates), new_state
+        # In the gradients' dtype (promoted with the state dtypes that are set).
+        dtype = lambda g: update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)  # noqa: E731
+        return map_updates(lambda u, g: u.astype(dtype(g)), new_updates, updates), new_state
 
 
 scale_by_mars = ScaleByMars

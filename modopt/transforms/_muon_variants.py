@@ -18,10 +18,19 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import choice, hyperparameter, static
-from .._moments import bias_correction, update_moment, update_moment_per_elem_norm
+from .._moments import (
+    bias_correction,
+    init_state,
+    state_dtype_for,
+    store,
+    update_dtype,
+    update_moment,
+    update_moment_per_elem_norm,
+    widen,
+)
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
-from .._trees import abs_sq, cast, zeros_like
+from .._trees import abs_sq
 from ._newton_schulz import (
     DEFAULT_NS_COEFFS,
     PRECONDITIONINGS,
@@ -44,7 +53,7 @@ class ScaleByNorMuonState(NamedTuple):
     mu: the momentum, like the params (in `mu_dtype` if set).
     nu: the second moment of each neuron of the orthogonalized update: shaped like the
         parameter with its reduction axes of size 1 (a `(fan_in, fan_out)` matrix gives
-        `(1, fan_out)`).
+        `(1, fan_out)`), in `nu_dtype` if set.
     """
 
     count: jax.Array
@@ -57,7 +66,8 @@ class ScaleByAdaMuonState(NamedTuple):
 
     count: updates made so far (int32 scalar).
     mu: the momentum, like the params (in `mu_dtype` if set).
-    nu: the second moment of each element of the orthogonalized update, like the params.
+    nu: the second moment of each element of the orthogonalized update, like the params (in
+        `nu_dtype` if set).
     """
 
     count: jax.Array
@@ -93,8 +103,8 @@ def rms_aligned(x: jax.Array, axes: tuple[tuple[int, ...], ...], rms: Any, eps: 
 
 class _AbstractMuonVariant(AbstractTransform):
     """The momentum step and the orthogonalization NorMuon and AdaMuon share (their fields
-    `beta`, `nesterov`, `ns_coeffs`, `ns_steps`, `preconditioning`, `eps`, `mu_dtype` and
-    `weight_dimension_numbers` are declared by each)."""
+    `beta`, `nesterov`, `ns_coeffs`, `ns_steps`, `preconditioning`, `eps`, `mu_dtype`, `nu_dtype`
+    and `weight_dimension_numbers` are declared by each)."""
 
     _owner: ClassVar[str]
 
@@ -103,10 +113,11 @@ class _AbstractMuonVariant(AbstractTransform):
 
     def _orthogonalized(self, updates: Any, state: Any, signed: bool = False):
         """`(axes, new momentum, [O per leaf], treedef, count)`: the momentum step and
-        Newton-Schulz on each matrix (of the sign of the momentum where `signed`)."""
+        Newton-Schulz on each matrix (of the sign of the momentum where `signed`), each `O` in
+        the dtype of the update (the gradient's, promoted with the state dtypes that are set)."""
         axes = self._axes(updates)
-        mu = update_moment(updates, state.mu, self.beta, 1)
-        look = _look_ahead(updates, mu, self.beta, self.nesterov)
+        mu = update_moment(updates, state.mu, self.beta, 1, self.mu_dtype)
+        look = _look_ahead(widen(updates, self.mu_dtype), mu, self.beta, self.nesterov)
         flat, treedef = jax.tree_util.tree_flatten(look)
         ortho = [
             orthogonalize(
@@ -116,10 +127,10 @@ class _AbstractMuonVariant(AbstractTransform):
                 self.ns_steps,
                 self.preconditioning,
                 self.eps,
-            ).astype(g.dtype)
+            ).astype(update_dtype(g.dtype, self.mu_dtype, self.nu_dtype))
             for m, g, leaf_axes in zip(flat, jax.tree_util.tree_leaves(updates), axes)
         ]
-        return axes, cast(mu, self.mu_dtype), ortho, treedef, safe_increment(state.count)
+        return axes, store(mu, self.mu_dtype), ortho, treedef, safe_increment(state.count)
 
 
 class ScaleByNorMuon(_AbstractMuonVariant):
@@ -157,6 +168,7 @@ class ScaleByNorMuon(_AbstractMuonVariant):
         eps: added to the denominators (the normalization, the rescaling and Newton-Schulz's
             scaling), >= 0.
         mu_dtype: the dtype of the momentum; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the neurons' second moment; `None` keeps the parameters' dtype.
         consistent_rms: the RMS the update is rescaled to (0.2, the paper's, matches Adam's), or
             `None` to keep the Frobenius norm of the orthogonalized momentum.
         nesterov: orthogonalize Nesterov's look-ahead rather than the momentum (static).
@@ -183,6 +195,7 @@ class ScaleByNorMuon(_AbstractMuonVariant):
     nesterov: bool = static(default=True, kw_only=True)
     preconditioning: str = choice("frobenius", PRECONDITIONINGS, kw_only=True)
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     _owner: ClassVar[str] = "scale_by_normuon"
 
@@ -192,24 +205,27 @@ class ScaleByNorMuon(_AbstractMuonVariant):
     def init(self, params):
         axes = self._axes(params)  # bad dimension numbers fail here, before any step
         flat, treedef = jax.tree_util.tree_flatten(params)
-        nu = [jnp.zeros(_neuron_shape(shape_of(p), a), p.dtype) for p, a in zip(flat, axes)]
+        nu = [
+            jnp.zeros(_neuron_shape(shape_of(p), a), state_dtype_for(self.nu_dtype, p.dtype))
+            for p, a in zip(flat, axes)
+        ]
         return ScaleByNorMuonState(
-            count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=treedef.unflatten(nu)
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=treedef.unflatten(nu)
         )
 
     def update(self, updates, state, params=None, **extra_args):
         axes, mu, ortho, treedef, count = self._orthogonalized(updates, state)
         new_nu, out = [], []
-        for o, nu, leaf_axes in zip(ortho, jax.tree_util.tree_leaves(state.nu), axes):
+        for o, old_nu, leaf_axes in zip(ortho, jax.tree_util.tree_leaves(state.nu), axes):
             row = jnp.mean(abs_sq(o), axis=leaf_axes[1], keepdims=True)
-            nu = update_moment(row, nu, self.b2, 1)
+            nu = update_moment(row, old_nu, self.b2, 1, self.nu_dtype)
             normalized = o / (jnp.sqrt(nu) + self.eps).astype(o.dtype)
             if self.consistent_rms is None:
                 ratio = _frobenius(o, leaf_axes) / (_frobenius(normalized, leaf_axes) + self.eps)
                 out.append(normalized * ratio.astype(o.dtype))
             else:
                 out.append(rms_aligned(normalized, leaf_axes, self.consistent_rms, self.eps))
-            new_nu.append(nu)
+            new_nu.append(store(nu, self.nu_dtype, old_nu))
         return treedef.unflatten(out), ScaleByNorMuonState(count=count, mu=mu, nu=treedef.unflatten(new_nu))
 
     def state_specs(self, params, param_specs):
@@ -266,6 +282,7 @@ class ScaleByAdaMuon(_AbstractMuonVariant):
         eps: added to the denominators (the normalization, the rescaling and Newton-Schulz's
             scaling), >= 0.
         mu_dtype: the dtype of the momentum; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the element-wise second moment; `None` keeps the parameters' dtype.
         consistent_rms: the RMS of each matrix's update, >= 0.
         nesterov: orthogonalize Nesterov's look-ahead rather than the momentum (static).
         sign_stabilization: orthogonalize the sign of the momentum (the paper's), not the
@@ -293,6 +310,7 @@ class ScaleByAdaMuon(_AbstractMuonVariant):
     sign_stabilization: bool = static(default=True, kw_only=True)
     preconditioning: str = choice("frobenius", PRECONDITIONINGS, kw_only=True)
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     _owner: ClassVar[str] = "scale_by_adamuon"
 
@@ -302,12 +320,12 @@ class ScaleByAdaMuon(_AbstractMuonVariant):
     def init(self, params):
         self._axes(params)  # bad dimension numbers fail here, before any step
         return ScaleByAdaMuonState(
-            count=jnp.zeros([], jnp.int32), mu=zeros_like(params, self.mu_dtype), nu=zeros_like(params)
+            count=jnp.zeros([], jnp.int32), mu=init_state(params, self.mu_dtype), nu=init_state(params, self.nu_dtype)
         )
 
     def update(self, updates, state, params=None, **extra_args):
         axes, mu, ortho, treedef, count = self._orthogonalized(updates, state, self.sign_stabilization)
-        nu = update_moment_per_elem_norm(treedef.unflatten(ortho), state.nu, self.b2, 2)
+        nu = update_moment_per_elem_norm(treedef.unflatten(ortho), state.nu, self.b2, 2, self.nu_dtype)
         nu_hat = jax.tree_util.tree_leaves(bias_correction(nu, self.b2, count))
         out = [
             rms_aligned(
@@ -315,7 +333,7 @@ class ScaleByAdaMuon(_AbstractMuonVariant):
             )
             for o, v, leaf_axes in zip(ortho, nu_hat, axes)
         ]
-        return treedef.unflatten(out), ScaleByAdaMuonState(count=count, mu=mu, nu=nu)
+        return treedef.unflatten(out), ScaleByAdaMuonState(count=count, mu=mu, nu=store(nu, self.nu_dtype, state.nu))
 
 
 scale_by_normuon = ScaleByNorMuon

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractTransform, require_params
-from .._moments import update_moment
+from .._moments import init_state, state_dtype_for, store, update_moment, widen
 from .._numerics import safe_increment
 from .._specs import REPLICATED
-from .._trees import abs_sq, cast, map_updates, zeros_like
+from .._trees import abs_sq, map_updates
 from ..schedules._base import ScalarOrSchedule, value_at
 from .._fields import Scalar
 from jax.typing import DTypeLike
@@ -23,7 +23,7 @@ class ScaleByNovogradState(NamedTuple):
 
     count: jax.Array  # int32 scalar
     mu: Any  # momentum, like the params (in `mu_dtype` if set)
-    nu: Any  # one scalar per parameter leaf, in the parameter's dtype
+    nu: Any  # one scalar per parameter leaf, in the parameter's dtype (or `nu_dtype`)
 
 
 class ScaleByNovograd(AbstractTransform):
@@ -41,7 +41,8 @@ class ScaleByNovograd(AbstractTransform):
         eps_root: added to `v` inside the square root, >= 0.
         weight_decay: the coefficient of `params` added inside the momentum, >= 0.
         mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
-            keeps the parameters' dtype.
+            keeps the parameters' dtype. As in optax, the update is the momentum as stored.
+        nu_dtype: the dtype of the per-layer second moments; `None` keeps the parameters' dtype.
 
     Reference: Ginsburg et al., 2019, https://arxiv.org/abs/1905.11286
     """
@@ -52,10 +53,11 @@ class ScaleByNovograd(AbstractTransform):
     eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mu_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        nu = jax.tree_util.tree_map(lambda p: jnp.zeros([], p.dtype), params)
-        mu = zeros_like(params, self.mu_dtype)
+        nu = jax.tree_util.tree_map(lambda p: jnp.zeros([], state_dtype_for(self.nu_dtype, p.dtype)), params)
+        mu = init_state(params, self.mu_dtype)
         return ScaleByNovogradState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
 
     def state_specs(self, params, param_specs):
@@ -70,14 +72,18 @@ class ScaleByNovograd(AbstractTransform):
         require_params(params, self)
         count = safe_increment(state.count)
         weight_decay = value_at(self.weight_decay, state.count)
-        squared_norms = map_updates(lambda g, v: jnp.sum(abs_sq(g)).astype(v.dtype), updates, state.nu)
-        averaged = update_moment(squared_norms, state.nu, self.b2, 1)
+        stored_nu = widen(state.nu, self.nu_dtype)
+        squared_norms = map_updates(
+            lambda g, v: jnp.sum(abs_sq(g)).astype(v.dtype), widen(updates, self.nu_dtype), stored_nu
+        )
+        averaged = update_moment(squared_norms, stored_nu, self.b2, 1)
         nu = jax.tree_util.tree_map(lambda s, v: jnp.where(count == 1, s, v), squared_norms, averaged)
         step = lambda g, v, p: g / (jnp.sqrt(v + self.eps_root) + self.eps) + weight_decay * p  # noqa: E731
-        normalized = map_updates(step, updates, nu, params)
+        normalized = map_updates(step, widen(updates, self.mu_dtype), nu, params)
         # At the first step `mu` is zero, so `b1 * mu + normalized` is `normalized`, as the paper starts it.
-        mu = cast(map_updates(lambda u, m: self.b1 * m + u, normalized, state.mu), self.mu_dtype)
-        return mu, ScaleByNovogradState(count=count, mu=mu, nu=nu)
+        mu = map_updates(lambda u, m: self.b1 * m + u, normalized, widen(state.mu, self.mu_dtype))
+        mu = store(mu, self.mu_dtype, state.mu)  # `None`: the dtype of `init` (`nu_dtype` could promote it)
+        return mu, ScaleByNovogradState(count=count, mu=mu, nu=store(nu, self.nu_dtype))
 
 
 scale_by_novograd = ScaleByNovograd

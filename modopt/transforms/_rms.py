@@ -11,16 +11,17 @@ from .. import fields
 from .._base import AbstractTransform
 from .._fields import static
 from .._moments import bias_correction as debias
-from .._moments import update_moment, update_moment_per_elem_norm
+from .._moments import in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
 from .._numerics import safe_increment
-from .._trees import abs_sq, full_like, map_updates, zeros_like
+from .._trees import abs_sq, map_updates
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleByRssState(NamedTuple):
     """The sum of squared gradients to date."""
 
-    sum_of_squares: Any  # like the params
+    sum_of_squares: Any  # like the params (in `nu_dtype` if set)
 
 
 class ScaleByRss(AbstractTransform):
@@ -32,6 +33,7 @@ class ScaleByRss(AbstractTransform):
     Args:
         initial_accumulator_value: the starting value of the sum `s`, >= 0.
         eps: added to `s` inside the square root, >= 0.
+        nu_dtype: the dtype of the sum of squares; `None` keeps the parameters' dtype.
 
     Reference: Duchi et al., 2011, https://jmlr.org/papers/v12/duchi11a.html
     """
@@ -40,16 +42,19 @@ class ScaleByRss(AbstractTransform):
 
     initial_accumulator_value: Scalar = fields.eps(0.1)
     eps: Scalar = fields.eps(1e-7)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return ScaleByRssState(sum_of_squares=full_like(params, self.initial_accumulator_value))
+        return ScaleByRssState(sum_of_squares=init_state(params, self.nu_dtype, self.initial_accumulator_value))
 
     def update(self, updates, state, params=None, **extra_args):
-        sum_of_squares = map_updates(lambda g, s: abs_sq(g) + s, updates, state.sum_of_squares)
-        updates = map_updates(
+        stored = widen(state.sum_of_squares, self.nu_dtype)
+        sum_of_squares = map_updates(lambda g, s: abs_sq(g) + s, widen(updates, self.nu_dtype), stored)
+        new_updates = map_updates(
             lambda g, s: jnp.where(s > 0, jax.lax.rsqrt(s + self.eps), 0.0) * g, updates, sum_of_squares
         )
-        return updates, ScaleByRssState(sum_of_squares=sum_of_squares)
+        new_updates = in_update_dtype(new_updates, updates, self.nu_dtype)
+        return new_updates, ScaleByRssState(sum_of_squares=store(sum_of_squares, self.nu_dtype))
 
 
 class ScaleByRmsState(NamedTuple):
@@ -111,6 +116,7 @@ class ScaleByRms(AbstractTransform):
         eps_in_sqrt: add `eps` inside the square root rather than outside (static).
         bias_correction: divide `v` by `1 - decay^t`, as Adam does; the state then counts steps
             (static).
+        nu_dtype: the dtype of the moving average `v`; `None` keeps the parameters' dtype.
 
     Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
     """
@@ -122,17 +128,19 @@ class ScaleByRms(AbstractTransform):
     initial_scale: Scalar = fields.eps(0.0)
     eps_in_sqrt: bool = static(default=True)
     bias_correction: bool = static(default=False)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        nu = full_like(params, self.initial_scale)
+        nu = init_state(params, self.nu_dtype, self.initial_scale)
         if self.bias_correction:
             return ScaleByRmsWithCountState(count=jnp.zeros([], jnp.int32), nu=nu)
         return ScaleByRmsState(nu=nu)
 
     def update(self, updates, state, params=None, **extra_args):
-        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2, self.nu_dtype)
         count, (nu_hat,) = _count_and_debias(state, self.bias_correction, self.decay, nu)
-        updates = map_updates(lambda g, v: _inverse_root(v, self.eps, self.eps_in_sqrt) * g, updates, nu_hat)
+        new_updates = map_updates(lambda g, v: _inverse_root(v, self.eps, self.eps_in_sqrt) * g, updates, nu_hat)
+        updates, nu = in_update_dtype(new_updates, updates, self.nu_dtype), store(nu, self.nu_dtype)
         if self.bias_correction:
             return updates, ScaleByRmsWithCountState(count=count, nu=nu)
         return updates, ScaleByRmsState(nu=nu)
@@ -153,6 +161,8 @@ class ScaleByStddev(AbstractTransform):
         initial_scale: the starting value of the moving average of squared gradients, >= 0.
         eps_in_sqrt: add `eps` inside the square root rather than outside (static).
         bias_correction: divide `m` and `v` by `1 - decay^t`; the state then counts steps (static).
+        mu_dtype: the dtype of the moving average `m`; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the moving average `v`; `None` keeps the parameters' dtype.
 
     Reference: Graves, 2013, https://arxiv.org/abs/1308.0850
     """
@@ -164,19 +174,23 @@ class ScaleByStddev(AbstractTransform):
     initial_scale: Scalar = fields.eps(0.0)
     eps_in_sqrt: bool = static(default=True)
     bias_correction: bool = static(default=False)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        mu, nu = zeros_like(params), full_like(params, self.initial_scale)
+        mu, nu = init_state(params, self.mu_dtype), init_state(params, self.nu_dtype, self.initial_scale)
         if self.bias_correction:
             return ScaleByRStdDevWithCountState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu)
         return ScaleByRStdDevState(mu=mu, nu=nu)
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.decay, 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2)
+        mu = update_moment(updates, state.mu, self.decay, 1, self.mu_dtype)
+        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2, self.nu_dtype)
         count, (mu_hat, nu_hat) = _count_and_debias(state, self.bias_correction, self.decay, mu, nu)
         scale = lambda m, v: _inverse_root(v - abs_sq(m), self.eps, self.eps_in_sqrt)  # noqa: E731
-        updates = map_updates(lambda g, m, v: scale(m, v) * g, updates, mu_hat, nu_hat)
+        new_updates = map_updates(lambda g, m, v: scale(m, v) * g, updates, mu_hat, nu_hat)
+        updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
+        mu, nu = store(mu, self.mu_dtype), store(nu, self.nu_dtype)
         if self.bias_correction:
             return updates, ScaleByRStdDevWithCountState(count=count, mu=mu, nu=nu)
         return updates, ScaleByRStdDevState(mu=mu, nu=nu)
@@ -199,6 +213,7 @@ class ScaleByAdadelta(AbstractTransform):
     Args:
         rho: the decay rate of both running averages, `E[g^2]` and `E[dx^2]`, in [0, 1).
         eps: added inside both square roots, >= 0; it also sets the size of the first steps.
+        nu_dtype: the dtype of both running averages; `None` keeps the parameters' dtype.
 
     Reference: Zeiler, 2012, https://arxiv.org/abs/1212.5701
     """
@@ -207,17 +222,18 @@ class ScaleByAdadelta(AbstractTransform):
 
     rho: Scalar = fields.decay_rate(0.9)
     eps: Scalar = fields.eps(1e-6)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return ScaleByAdaDeltaState(e_g=zeros_like(params), e_x=zeros_like(params))
+        return ScaleByAdaDeltaState(e_g=init_state(params, self.nu_dtype), e_x=init_state(params, self.nu_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
-        e_g = update_moment(updates, state.e_g, self.rho, 2)
-        updates = map_updates(
-            lambda g, eg, ex: (jnp.sqrt(ex + self.eps) / jnp.sqrt(eg + self.eps)) * g, updates, e_g, state.e_x
-        )
-        e_x = update_moment(updates, state.e_x, self.rho, 2)
-        return updates, ScaleByAdaDeltaState(e_g=e_g, e_x=e_x)
+        e_g = update_moment(updates, state.e_g, self.rho, 2, self.nu_dtype)
+        e_x = widen(state.e_x, self.nu_dtype)
+        ratio = lambda g, eg, ex: (jnp.sqrt(ex + self.eps) / jnp.sqrt(eg + self.eps)) * g  # noqa: E731
+        new_updates = map_updates(ratio, updates, e_g, e_x)
+        e_x = update_moment(new_updates, e_x, self.rho, 2, self.nu_dtype)
+        return in_update_dtype(new_updates, updates, self.nu_dtype), ScaleByAdaDeltaState(e_g=store(e_g, self.nu_dtype), e_x=store(e_x, self.nu_dtype))
 
 
 scale_by_rss = ScaleByRss

@@ -12,18 +12,18 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import UNIT
-from .._moments import update_moment
+from .._moments import in_update_dtype, init_state, state_dtype_for, store, update_moment, widen
 from .._specs import REPLICATED, padded
-from .._trees import cast_like, zeros_like
 from ._real_only import reject_complex
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class ScaleBySM3State(NamedTuple):
     """SM3's accumulators and its momentum."""
 
-    mu: Any  # per parameter, a list of vectors: one per dimension, as long as that dimension
-    nu: Any  # the momentum of the normalized updates, like the params
+    mu: Any  # per parameter, a list of vectors: one per dimension, as long as that dimension (in `nu_dtype` if set)
+    nu: Any  # the momentum of the normalized updates, like the params (in `mu_dtype` if set)
 
 
 class ScaleBySM3(AbstractTransform):
@@ -50,6 +50,10 @@ class ScaleBySM3(AbstractTransform):
         b1: decay rate of the momentum of the normalized updates, in [0, 1).
         b2: decay of the squared-gradient accumulators, in [0, 1]; 1 sums them.
         eps: added to the accumulator under the square root, >= 0.
+        mu_dtype: the dtype of the momentum (the state's `nu`: state dtypes are named by role, see
+            `fields.dtype`); `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the accumulators of squared gradients (the state's `mu`); `None`
+            keeps the parameters' dtype.
 
     Reference: Anil et al., 2019, "Memory-Efficient Adaptive Optimization",
     https://arxiv.org/abs/1901.11150
@@ -58,22 +62,26 @@ class ScaleBySM3(AbstractTransform):
     b1: Scalar = fields.decay_rate(0.9)
     b2: Scalar = fields.decay_rate(1.0, check=UNIT)
     eps: Scalar = fields.eps(1e-8)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         reject_complex(params, self)
-        return ScaleBySM3State(mu=jax.tree_util.tree_map(_zero_accumulators, params), nu=zeros_like(params))
+        accumulators = jax.tree_util.tree_map(functools.partial(_zero_accumulators, dtype=self.nu_dtype), params)
+        return ScaleBySM3State(mu=accumulators, nu=init_state(params, self.mu_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
         treedef = jax.tree_util.tree_structure(state.nu)
-        grads = treedef.flatten_up_to(updates)
-        accumulators = treedef.flatten_up_to(state.mu)
+        grads = treedef.flatten_up_to(widen(updates, self.nu_dtype))
+        accumulators = treedef.flatten_up_to(widen(state.mu, self.nu_dtype))
         sums = [self._accumulate(g, a) for g, a in zip(grads, accumulators)]
         normalized = [
             g * jnp.where(v > 0, jax.lax.rsqrt(v + self.eps), 0.0) for g, v in zip(grads, sums)
         ]
-        nu = update_moment(treedef.unflatten(normalized), state.nu, self.b1, 1)
+        nu = update_moment(treedef.unflatten(normalized), state.nu, self.b1, 1, self.mu_dtype)
         mu = treedef.unflatten([_reduce_to_accumulators(v) for v in sums])
-        return nu, ScaleBySM3State(mu=cast_like(mu, state.mu), nu=cast_like(nu, state.nu))
+        new_updates = in_update_dtype(nu, updates, self.mu_dtype, self.nu_dtype)
+        return new_updates, ScaleBySM3State(mu=store(mu, self.nu_dtype, state.mu), nu=store(nu, self.mu_dtype, state.nu))
 
     def _accumulate(self, g: jax.Array, accumulators: list[jax.Array]) -> jax.Array:
         """`c * g^2 + b2 * (the tightest accumulator bound of each element)`."""
@@ -100,10 +108,11 @@ def _along(ndim: int, axis: int, size: int) -> tuple[int, ...]:
     return (1,) * axis + (size,) + (1,) * (ndim - axis - 1)
 
 
-def _zero_accumulators(p: Any) -> list[jax.Array]:
+def _zero_accumulators(p: Any, dtype: Any = None) -> list[jax.Array]:
+    dtype = state_dtype_for(dtype, p.dtype)
     if p.ndim == 0:
-        return [jnp.zeros((), p.dtype)]
-    return [jnp.zeros((n,), p.dtype) for n in p.shape]
+        return [jnp.zeros((), dtype)]
+    return [jnp.zeros((n,), dtype) for n in p.shape]
 
 
 def _reduce_to_accumulators(v: jax.Array) -> list[jax.Array]:

@@ -18,7 +18,8 @@ is gone, when the file is taken over:
 
 So a run that crashed, or that restarts on another machine after a preemption, resumes
 writing without anyone deleting the file; and a person who knows that no process writes
-there may delete it. In a multi-process (multi-host) run, process 0 holds the lock for all.
+there may delete it. In a multi-process (multi-host) run, process 0 holds the lock for all
+(and refreshes it), and tells every process whether to save or to raise.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import time
 import uuid
 
 import jax
+import numpy as np
 
 from ._records import CheckpointError
 
@@ -58,10 +60,27 @@ class WriterLock:
 
         Raises `CheckpointError` where another writer holds the directory, or took it over
         from this manager (judging it abandoned: this process was stopped for minutes).
+
+        With several processes (`jax.distributed`), process 0 holds the lock for all and every
+        process gets its outcome: all go on saving, or all raise. (A process that went on alone
+        would wait in Orbax's collectives for the others, forever.)
         """
-        if jax.process_index() != 0:  # process 0 holds it for all
-            first, self.token = self.token is None, ""
-            return first
+        if jax.process_count() == 1:
+            return self._acquire()
+        outcome, message = _BECAME, ""
+        if jax.process_index() == 0:
+            try:
+                outcome = _BECAME if self._acquire() else _STILL
+            except CheckpointError as error:
+                outcome, message = _REFUSED, str(error)
+        outcome, message = _from_process_0(outcome, message)
+        if outcome == _REFUSED:
+            raise CheckpointError(message)
+        if jax.process_index() != 0:
+            self.token = ""  # held, by process 0
+        return outcome == _BECAME
+
+    def _acquire(self) -> bool:
         if self.token:
             return self._check()
         token = uuid.uuid4().hex
@@ -120,6 +139,21 @@ class WriterLock:
     @property
     def held(self) -> bool:
         return self.token is not None
+
+
+_BECAME, _STILL, _REFUSED = 0, 1, 2
+_MESSAGE_BYTES = 4096
+
+
+def _from_process_0(outcome: int, message: str) -> tuple[int, str]:
+    """Process 0's outcome and message, in every process (a collective: all processes call it)."""
+    from jax.experimental import multihost_utils
+
+    text = np.zeros(_MESSAGE_BYTES, np.uint8)
+    encoded = message.encode()[:_MESSAGE_BYTES]
+    text[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+    outcome, text = multihost_utils.broadcast_one_to_all((np.int32(outcome), text))
+    return int(outcome), bytes(np.asarray(text, np.uint8)).rstrip(b"\0").decode(errors="replace")
 
 
 def _now() -> str:

@@ -11,6 +11,13 @@ per epoch, `training_curves.png`. Ctrl-C stops the run between two steps and sav
 the run stopped (also after a kill, from the last save); `--fresh` starts over. Another `--epochs`
 or `--seed` on an existing directory is refused rather than mixed in. A progress bar shows the
 steps on a terminal.
+
+`--processes 2` trains data-parallel in 2 processes of one `jax.distributed` run on this machine,
+as on a TPU pod (one process per host): the model and optimizer are replicated over every
+device, each process feeds its half of every batch, all save the checkpoint, process 0 prints.
+It ends as one process does (up to the order of the gradient's sum), and either resumes the
+other's checkpoints. On several hosts, start one process on each with `--processes N
+--process-id I --coordinator HOST:PORT` (HOST: process 0's).
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 import modopt
+from modopt.examples import _processes
 from modopt.examples._interrupts import EXIT_INTERRUPTED, InterruptFlag, interrupt_point
 
 BATCH_SIZE = 64
@@ -99,7 +108,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where the run is saved and resumed from (default: checkpoints/digits)",
     )
     parser.add_argument("--fresh", action="store_true", help="delete the checkpoint directory and start over")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="train data-parallel in this many processes, as on a pod (alone: all on this machine; default: 1)",
+    )
+    parser.add_argument("--process-id", type=int, help="with --coordinator: be this process of --processes (one per host)")
+    parser.add_argument("--coordinator", help="host:port of process 0, where the processes meet (jax.distributed)")
+    args = parser.parse_args(argv)
+    if (args.process_id is None) != (args.coordinator is None):
+        parser.error("--process-id and --coordinator go together")
+    if args.process_id is not None and not 0 <= args.process_id < args.processes:
+        parser.error(f"--process-id must be in [0, {args.processes}), got {args.process_id}")
+    return args
 
 
 class _Stop(Exception):
@@ -112,11 +134,15 @@ class _Stop(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.processes > 1 and args.process_id is None:  # start them here, each a process of one run
+        return _processes.launch("modopt.examples.digits", sys.argv[1:] if argv is None else argv, args.processes)
+    if args.process_id is not None:
+        _processes.initialize(args.coordinator, args.processes, args.process_id)
     # From here on Ctrl-C only sets a flag (see `_interrupts`): the job looks at it between the
     # stages of its set-up (imports, data, restore, compilation) and between training steps.
-    with InterruptFlag() as interrupt:
+    with InterruptFlag() as interrupt, _processes.quiet_unless_first(args.process_id or 0):
         try:
-            return _job(args, interrupt)
+            return _job(args, _processes.agreed(interrupt))  # all processes stop at the same step
         except _Stop as stop:
             print(stop.message, file=sys.stderr, flush=True)
             return stop.status
@@ -127,8 +153,10 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
 
     from modopt.integrations.orbax import CheckpointError, CheckpointManager
 
-    if args.fresh:
+    if args.fresh and jax.process_index() == 0:
         shutil.rmtree(args.checkpoint_dir, ignore_errors=True)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("checkpoint directory ready")
     again = "the command without --fresh" if args.fresh else "the same command"
     settings = {"epochs": args.epochs, "seed": args.seed, "batch_size": BATCH_SIZE}
     with CheckpointManager(args.checkpoint_dir, max_to_keep=2) as checkpoints:
@@ -154,7 +182,10 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
         # so `train_step` compiles once.
         steps_per_epoch = len(x_train) // BATCH_SIZE
         total_steps = args.epochs * steps_per_epoch
-        model, optimizer = _model_and_optimizer(args.seed, total_steps)
+        # Data-parallel over every device of every process: the model and optimizer replicated,
+        # each batch split by rows (nothing changes in a single process on one device).
+        parallel = _processes.DataParallel()
+        model, optimizer = parallel.replicate(_model_and_optimizer(args.seed, total_steps))
         run = new_run(args.epochs, steps_per_epoch)
         set_up_done_so_far()
 
@@ -169,7 +200,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
                 ) from None
             model, optimizer = restored["model"], restored["optimizer"]
             run = jax.tree.map(np.array, restored["run"])  # writable NumPy copies
-        x_test, y_test = jnp.asarray(x_test), jnp.asarray(y_test)
+        x_test, y_test = parallel.replicate((x_test, y_test))
         step = saved = first = int(run["step"])
         history, epoch_losses = run["history"], run["epoch_losses"]
         if step == total_steps:
@@ -186,7 +217,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
 
         # Compile before the loop, so that an interrupt during compilation is one during set-up.
         order = _order(args.seed, step // steps_per_epoch + 1, len(x_train))
-        train_step.lower(model, optimizer, _batch(x_train, y_train, order, 0)).compile()
+        train_step.lower(model, optimizer, parallel.batch(*_batch(x_train, y_train, order, 0))).compile()
         accuracy.lower(model, x_test, y_test).compile()
         set_up_done_so_far()
 
@@ -224,7 +255,8 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
                         epoch_losses[:] = np.nan
                         epoch_losses[:i] = [float(loss) for loss in losses]
                         return stop()
-                    model, optimizer, loss = train_step(model, optimizer, _batch(x_train, y_train, order, i))
+                    batch = parallel.batch(*_batch(x_train, y_train, order, i))
+                    model, optimizer, loss = train_step(model, optimizer, batch)
                     # Waiting for each step keeps Ctrl-C prompt: the flag is seen within one step.
                     losses.append(loss.block_until_ready())
                     step += 1
@@ -238,7 +270,8 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
                 run = {"step": step, "history": history, "epoch_losses": epoch_losses}
                 checkpoints.save(step, model=model, optimizer=optimizer, settings=settings, run=_copy(run))  # in the background
                 saved = step
-                plot_history(history, os.path.join(directory, PLOT))
+                if jax.process_index() == 0:
+                    plot_history(history, os.path.join(directory, PLOT))
                 line = _epoch_line(epoch, history, optimizer.diagnostics)
                 progress.write(line) if not progress.disable else print(line, flush=True)
             if interrupt.requested:
@@ -298,9 +331,9 @@ def _order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def _batch(x: np.ndarray, y: np.ndarray, order: np.ndarray, i: int) -> tuple[jax.Array, jax.Array]:
+def _batch(x: np.ndarray, y: np.ndarray, order: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
     idx = order[i * BATCH_SIZE : (i + 1) * BATCH_SIZE]
-    return jnp.asarray(x[idx]), jnp.asarray(y[idx])
+    return x[idx], y[idx]
 
 
 def _where(step: int, steps_per_epoch: int) -> str:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import prefix_difference
+from jax.typing import DTypeLike
 
 # Built like `ScalarOrSchedule` (modopt.schedules), of which it is the part without schedules.
 Scalar = Union[float, jax.Array]
@@ -459,7 +460,7 @@ def hyperparameter_names(module: eqx.Module) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(module) if _KIND in f.metadata)
 
 
-def canonical_dtype(dtype: Any) -> Any:
+def canonical_dtype(dtype: DTypeLike | None) -> Any:
     """A dtype-like turned into a hashable NumPy dtype (respecting x64 mode); `None` stays.
 
     An array stands for its dtype: optax's `inject_hyperparams` calls a scalar type given as an

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from ._trees import abs_sq, cast_like, map_updates
+from ._fields import Scalar
+from jax.typing import DTypeLike
 
 if TYPE_CHECKING:
     from ._base import Updates
@@ -105,7 +107,7 @@ def update_dtype(grad_dtype: Any, *dtypes: Any) -> Any:
     return jnp.result_type(grad_dtype, *(d for d in dtypes if d is not None))
 
 
-def update_moment(updates: Updates, moments: Updates, decay: Any, order: int, dtype: Any = None) -> Updates:
+def update_moment(updates: Updates, moments: Updates, decay: Scalar, order: int, dtype: DTypeLike | None = None) -> Updates:
     """EMA of the `order`-th power: `(1 - decay) * g**order + decay * m`.
 
     Args:
@@ -122,7 +124,7 @@ def update_moment(updates: Updates, moments: Updates, decay: Any, order: int, dt
 
 
 def update_moment_per_elem_norm(
-    updates: Updates, moments: Updates, decay: Any, order: int, dtype: Any = None
+    updates: Updates, moments: Updates, decay: Scalar, order: int, dtype: DTypeLike | None = None
 ) -> Updates:
     """EMA of `|g|**order`, element-wise; for complex `g` the modulus is used.
 
@@ -146,7 +148,7 @@ def update_moment_per_elem_norm(
     return map_updates(lambda g, m: complement * power_of_norm(g) + decay * m, updates, moments)
 
 
-def update_infinity_moment(updates: Updates, moments: Updates, decay: Any, eps: Any, dtype: Any = None) -> Updates:
+def update_infinity_moment(updates: Updates, moments: Updates, decay: Scalar, eps: Scalar, dtype: DTypeLike | None = None) -> Updates:
     """EMA of the infinity norm: `max(|g| + eps, decay * m)`.
 
     Args:

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 
 def is_none(x: Any) -> bool:
@@ -27,7 +28,7 @@ def map_updates(f: Callable[..., Any], updates: Any, *rest: Any) -> Any:
     return jax.tree_util.tree_map(lambda u, *r: None if u is None else f(u, *r), updates, *rest, is_leaf=is_none)
 
 
-def zeros_like(tree: Any, dtype: Any = None) -> Any:
+def zeros_like(tree: Any, dtype: DTypeLike | None = None) -> Any:
     """Zeros shaped like each leaf of `tree` (optax's `tree.zeros_like`).
 
     Args:
@@ -37,7 +38,7 @@ def zeros_like(tree: Any, dtype: Any = None) -> Any:
     return jax.tree_util.tree_map(lambda x: jnp.zeros_like(x, dtype=dtype), tree)
 
 
-def full_like(tree: Any, fill_value: Any, dtype: Any = None) -> Any:
+def full_like(tree: Any, fill_value: Any, dtype: DTypeLike | None = None) -> Any:
     """`fill_value` broadcast to the shape of each leaf of `tree` (optax's `tree.full_like`).
 
     Args:
@@ -48,7 +49,7 @@ def full_like(tree: Any, fill_value: Any, dtype: Any = None) -> Any:
     return jax.tree_util.tree_map(lambda x: jnp.full_like(x, fill_value, dtype=dtype), tree)
 
 
-def cast(tree: Any, dtype: Any) -> Any:
+def cast(tree: Any, dtype: DTypeLike | None) -> Any:
     """Every leaf cast to `dtype`; the tree as it is when `dtype` is `None` (optax's `tree.cast`).
 
     Args:

@@ -225,7 +225,7 @@ class MultiSteps(AbstractWrapper):
         every_k_schedule: Any,
         use_grad_mean: bool = True,
         should_skip_update_fn: ShouldSkipUpdateFunction | None = None,
-        accumulator_dtype: Any = jnp.float32,
+        accumulator_dtype: DTypeLike | None = jnp.float32,
     ):
         self.inner = opt
         self.every_k_schedule = every_k_schedule

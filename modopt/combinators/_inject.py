@@ -249,7 +249,7 @@ def _as_dtype(value: Any, dtype: Any) -> Any:
 def inject_hyperparams(
     inner_factory: Callable[..., Any],
     static_args: str | Iterable[str] = (),
-    hyperparam_dtype: Any = None,
+    hyperparam_dtype: DTypeLike | None = None,
 ) -> Callable[..., InjectHyperparams | InjectStatefulHyperparams]:
     """Wraps a transform factory so that its numeric hyperparameters live in the state.
 
@@ -318,7 +318,7 @@ def _injector(
 def inject_stateful_hyperparams(
     inner_factory: Callable[..., Any],
     static_args: str | Iterable[str] = (),
-    hyperparam_dtype: Any = None,
+    hyperparam_dtype: DTypeLike | None = None,
 ) -> Callable[..., InjectStatefulHyperparams]:
     """`inject_hyperparams` with optax 0.2.8's state: each schedule's state is kept too.
 

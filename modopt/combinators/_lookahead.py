@@ -85,7 +85,7 @@ class Lookahead(AbstractWrapper):
     reset_state: bool = static(default=False)
     inner_state_field = "fast_state"
 
-    def __init__(self, fast_optimizer: Any, sync_period: Any, slow_step_size: Any, reset_state: bool = False):
+    def __init__(self, fast_optimizer: Any, sync_period: Scalar, slow_step_size: Scalar, reset_state: bool = False):
         self.inner = fast_optimizer
         self.sync_period = sync_period
         self.slow_step_size = slow_step_size

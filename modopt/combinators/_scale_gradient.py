@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from .._fields import Scalar
 
 
 @jax.custom_vjp
@@ -32,7 +33,7 @@ def _backward(scale: Any, cotangents: Any) -> tuple[Any, None]:
 _scaled_backward.defvjp(_forward, _backward)
 
 
-def scale_gradient(inputs: Any, scale: Any) -> Any:
+def scale_gradient(inputs: Any, scale: Scalar) -> Any:
     """Returns `inputs` unchanged, with the gradient flowing back through them times `scale`.
 
     The forward value is the identity; in reverse-mode differentiation the cotangent of every

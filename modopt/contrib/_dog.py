@@ -202,7 +202,7 @@ class Dog(AbstractComposite):
         self,
         learning_rate: Any = 1.0,
         init_step: tuple[str, Any] = ("heuristic", 1e-6),
-        eps: Any = 1e-8,
+        eps: Scalar = 1e-8,
         weight_decay: Any = None,
         mask: Any = None,
     ):

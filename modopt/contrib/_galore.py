@@ -181,8 +181,8 @@ class ScaleByGalore(AbstractWrapper):
     def __init__(
         self,
         rank: int = 128,
-        update_proj_gap: Any = 200,
-        scale: Any = 1.0,
+        update_proj_gap: Scalar = 200,
+        scale: Scalar = 1.0,
         base_optimizer: Any = None,
         weight_dimension_numbers: Any = None,
     ):

@@ -104,9 +104,9 @@ class Mechanize(AbstractWrapper):
     def __init__(
         self,
         base_optimizer: Any,
-        weight_decay: Any = 1e-2,
-        eps: Any = 1e-8,
-        s_init: Any = 1e-6,
+        weight_decay: Scalar = 1e-2,
+        eps: Scalar = 1e-8,
+        s_init: Scalar = 1e-6,
         num_betas: int = 6,
     ):
         self.inner = base_optimizer

@@ -109,9 +109,9 @@ class ScheduleFree(AbstractWrapper):
         self,
         base_optimizer: Any,
         learning_rate: ScalarOrSchedule,
-        b1: Any = 0.9,
-        weight_lr_power: Any = 2.0,
-        state_dtype: Any = None,
+        b1: Scalar = 0.9,
+        weight_lr_power: Scalar = 2.0,
+        state_dtype: DTypeLike | None = None,
     ):
         self.inner = base_optimizer
         self.learning_rate = learning_rate

@@ -10,6 +10,7 @@ import jax.scipy.special
 import numpy as np
 
 from . import _inputs
+from .._fields import Scalar
 
 
 def hinge_loss(predictor_outputs: Any, targets: Any) -> jax.Array:
@@ -222,7 +223,7 @@ def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
         return False
 
 
-def smooth_labels(labels: Any, alpha: Any, *, axis: Any = -1, where: Any = None) -> jax.Array:
+def smooth_labels(labels: Any, alpha: Scalar, *, axis: Any = -1, where: Any = None) -> jax.Array:
     r"""Label smoothing: mixes one-hot labels with the uniform distribution.
 
     With `K` classes along `axis`:
@@ -294,7 +295,7 @@ def safe_softmax_cross_entropy(logits: Any, labels: Any) -> jax.Array:
 
 
 def poly_loss_cross_entropy(
-    logits: Any, labels: Any, *, epsilon: Any = 2.0, axis: Any = -1, where: Any = None
+    logits: Any, labels: Any, *, epsilon: Scalar = 2.0, axis: Any = -1, where: Any = None
 ) -> jax.Array:
     r"""Poly-1 loss: softmax cross entropy plus `epsilon` times the first polynomial term.
 
@@ -332,7 +333,7 @@ def poly_loss_cross_entropy(
     return cross_entropy + epsilon * one_minus_pt
 
 
-def sigmoid_focal_loss(logits: Any, labels: Any, *, alpha: Any = None, gamma: Any = 2.0) -> jax.Array:
+def sigmoid_focal_loss(logits: Any, labels: Any, *, alpha: Scalar | None = None, gamma: Scalar = 2.0) -> jax.Array:
     r"""Focal loss: sigmoid cross entropy scaled down on well-classified examples.
 
     With `p = sigmoid(x)` and $p_t = y p + (1 - y)(1 - p)$ the probability given to the label:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _inputs
+from .._fields import Scalar
 
 
 def _check_ctc(loss, logits, logit_paddings, labels, label_paddings, blank_id, log_epsilon):
@@ -144,7 +145,7 @@ def ctc_loss_with_forward_probs(
     labels: Any,
     label_paddings: Any,
     blank_id: int = 0,
-    log_epsilon: Any = -1e5,
+    log_epsilon: Scalar = -1e5,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""CTC loss, with the forward (alpha) log-probabilities it was computed from.
 
@@ -210,7 +211,7 @@ def ctc_loss(
     labels: Any,
     label_paddings: Any,
     blank_id: int = 0,
-    log_epsilon: Any = -1e5,
+    log_epsilon: Scalar = -1e5,
 ) -> jax.Array:
     r"""CTC loss: the negative log-probability of each label sequence, over all alignments.
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _inputs
+from .._fields import Scalar
 
 
 def _distributions(loss: str, log_predictions: Any, targets: Any, axis: Any, where: Any):
@@ -187,7 +188,7 @@ def kl_divergence_with_log_targets(
 
 
 def cosine_similarity(
-    predictions: Any, targets: Any, epsilon: Any = 0.0, *, axis: Any = -1, where: Any = None
+    predictions: Any, targets: Any, epsilon: Scalar = 0.0, *, axis: Any = -1, where: Any = None
 ) -> jax.Array:
     r"""Cosine of the angle between `predictions` and `targets`, vector by vector.
 
@@ -218,7 +219,7 @@ def cosine_similarity(
 
 
 def cosine_distance(
-    predictions: Any, targets: Any, epsilon: Any = 0.0, *, axis: Any = -1, where: Any = None
+    predictions: Any, targets: Any, epsilon: Scalar = 0.0, *, axis: Any = -1, where: Any = None
 ) -> jax.Array:
     r"""Cosine distance `1 - cosine_similarity(predictions, targets)`, vector by vector.
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._fields import is_concrete
 from . import _inputs
+from .._fields import Scalar
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -19,9 +20,9 @@ def dice_loss(
     targets: Any,
     *,
     class_weights: Any = None,
-    smooth: Any = 1.0,
-    alpha: Any = 0.5,
-    beta: Any = 0.5,
+    smooth: Scalar = 1.0,
+    alpha: Scalar = 0.5,
+    beta: Scalar = 0.5,
     apply_softmax: bool = True,
     reduction: str = "mean",
     ignore_background: bool = False,
@@ -93,7 +94,7 @@ def dice_loss(
 
 
 def binary_dice_loss(
-    predictions: Any, targets: Any, *, smooth: Any = 1.0, apply_sigmoid: bool = True
+    predictions: Any, targets: Any, *, smooth: Scalar = 1.0, apply_sigmoid: bool = True
 ) -> jax.Array:
     r"""Dice loss of a binary (foreground/background) segmentation.
 
@@ -137,7 +138,7 @@ def multiclass_generalized_dice_loss(
     predictions: Any,
     targets: Any,
     *,
-    smooth: Any = 1.0,
+    smooth: Scalar = 1.0,
     apply_softmax: bool = True,
     ignore_background: bool = False,
 ) -> jax.Array:

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _inputs
 from ._divergence import cosine_similarity
+from .._fields import Scalar
 
 
 def ntxent(embeddings: Any, labels: Any, temperature: Any = 0.07) -> jax.Array:
@@ -74,9 +75,9 @@ def triplet_margin_loss(
     positives: Any,
     negatives: Any,
     axis: int = -1,
-    norm_degree: Any = 2,
-    margin: Any = 1.0,
-    eps: Any = 1e-6,
+    norm_degree: Scalar = 2,
+    margin: Scalar = 1.0,
+    eps: Scalar = 1e-6,
 ) -> jax.Array:
     r"""Triplet margin loss: the positive should be closer to the anchor than the negative by `margin`.
 

@@ -113,13 +113,13 @@ adamw = AdamW
 @schedule_annotations
 def nadam(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.999,
+    eps: Scalar = 1e-8,
+    eps_root: Scalar = 0.0,
+    mu_dtype: DTypeLike | None = None,
     *,
-    nu_dtype: Any = None,
+    nu_dtype: DTypeLike | None = None,
 ) -> Adam:
     r"""NAdam: Adam with Nesterov momentum, i.e. `Adam(..., nesterov=True)`.
 
@@ -151,15 +151,15 @@ def nadam(
 @schedule_annotations
 def nadamw(
     learning_rate: ScalarOrSchedule,
-    b1: Any = 0.9,
-    b2: Any = 0.999,
-    eps: Any = 1e-8,
-    eps_root: Any = 0.0,
-    mu_dtype: Any = None,
+    b1: Scalar = 0.9,
+    b2: Scalar = 0.999,
+    eps: Scalar = 1e-8,
+    eps_root: Scalar = 0.0,
+    mu_dtype: DTypeLike | None = None,
     weight_decay: ScalarOrSchedule = 1e-4,
     mask: Any = None,
     *,
-    nu_dtype: Any = None,
+    nu_dtype: DTypeLike | None = None,
 ) -> AdamW:
     r"""NAdamW: AdamW with Nesterov momentum, i.e. `AdamW(..., nesterov=True)`.
 

@@ -65,10 +65,10 @@ class Dpsgd(AbstractComposite):
     def __init__(
         self,
         learning_rate: Any,
-        l2_norm_clip: Any,
-        noise_multiplier: Any,
+        l2_norm_clip: Scalar,
+        noise_multiplier: Scalar,
         seed: Any = None,
-        momentum: Any = None,
+        momentum: Scalar | None = None,
         nesterov: bool = False,
         *,
         key: Any = None,

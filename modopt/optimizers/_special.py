@@ -57,7 +57,7 @@ class Sm3(AbstractComposite):
     mu_dtype: DTypeLike | None = fields.dtype()
     nu_dtype: DTypeLike | None = fields.dtype()
 
-    def __init__(self, learning_rate: Any, momentum: Any = 0.9, *, mu_dtype: Any = None, nu_dtype: Any = None):
+    def __init__(self, learning_rate: Any, momentum: Scalar = 0.9, *, mu_dtype: DTypeLike | None = None, nu_dtype: DTypeLike | None = None):
         self.learning_rate = learning_rate
         self.momentum = 0.0 if momentum is None else momentum
         self.mu_dtype = mu_dtype
@@ -316,7 +316,7 @@ class NoisySgd(AbstractComposite):
     key: jax.Array = prng_key()
 
     def __init__(
-        self, learning_rate: Any, eta: Any = 0.01, gamma: Any = 0.55, key: Any = None, *, seed: Any = None
+        self, learning_rate: Any, eta: Scalar = 0.01, gamma: Scalar = 0.55, key: Any = None, *, seed: Any = None
     ):
         self.learning_rate = learning_rate
         self.eta = eta

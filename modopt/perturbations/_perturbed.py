@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._fields import as_hyperparameter, is_concrete
+from .._fields import Scalar
 
 
 class Normal(eqx.Module):
@@ -159,7 +160,7 @@ class _PerturbedFun:
 def make_perturbed_fun(
     fun: Callable[[Any], Any],
     num_samples: int = 1000,
-    sigma: Any = 0.1,
+    sigma: Scalar = 0.1,
     noise: Any = Gumbel(),
     use_baseline: bool = True,
 ) -> Callable[[Any, Any], Any]:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from .._trees import sum_of_squares, vdot
+from .._fields import Scalar
 
 
 def _same_structure(x: Any, a: Any, where: str) -> None:
@@ -94,7 +95,7 @@ def projection_box(tree: Any, lower: Any, upper: Any) -> Any:
     return jax.tree_util.tree_map(jnp.clip, tree, _bound_like(lower, tree), _bound_like(upper, tree))
 
 
-def projection_hypercube(tree: Any, scale: Any = 1) -> Any:
+def projection_hypercube(tree: Any, scale: Scalar = 1) -> Any:
     r"""Projection onto the hypercube $0 \le p \le \text{scale}$ (the unit hypercube by default).
 
     $$\operatorname{argmin}_p \|x - p\|_2^2 \quad \text{subject to} \quad
@@ -146,7 +147,7 @@ def _project_unit_simplex_jvp(primals, tangents):
     return p, on * (dv - mean_on)
 
 
-def projection_simplex(tree: Any, scale: Any = 1) -> Any:
+def projection_simplex(tree: Any, scale: Scalar = 1) -> Any:
     r"""Projection onto the simplex $\{p \ge 0, \sum p = \text{scale}\}$ over all leaves together.
 
     $$\operatorname{argmin}_p \|x - p\|_2^2 \quad \text{subject to} \quad
@@ -178,7 +179,7 @@ def projection_simplex(tree: Any, scale: Any = 1) -> Any:
     return unravel(scale * _project_unit_simplex(values / scale))
 
 
-def projection_l1_sphere(tree: Any, scale: Any = 1) -> Any:
+def projection_l1_sphere(tree: Any, scale: Scalar = 1) -> Any:
     r"""Projection onto the l1 sphere $\{y : \|y\|_1 = \text{scale}\}$.
 
     $$\operatorname{argmin}_y \|x - y\|_2^2 \quad \text{subject to} \quad
@@ -203,7 +204,7 @@ def projection_l1_sphere(tree: Any, scale: Any = 1) -> Any:
     return jax.tree_util.tree_map(lambda x, m: jnp.sign(x) * m, tree, magnitudes)
 
 
-def projection_l1_ball(tree: Any, scale: Any = 1) -> Any:
+def projection_l1_ball(tree: Any, scale: Scalar = 1) -> Any:
     r"""Projection onto the l1 ball $\{y : \|y\|_1 \le \text{scale}\}$.
 
     $$\operatorname{argmin}_y \|x - y\|_2^2 \quad \text{subject to} \quad
@@ -232,7 +233,7 @@ def projection_l1_ball(tree: Any, scale: Any = 1) -> Any:
     )
 
 
-def projection_l2_sphere(tree: Any, scale: Any = 1) -> Any:
+def projection_l2_sphere(tree: Any, scale: Scalar = 1) -> Any:
     r"""Projection onto the l2 sphere $\{y : \|y\|_2 = \text{scale}\}$: $y = \text{scale}\, x / \|x\|_2$.
 
     $$\operatorname{argmin}_y \|x - y\|_2^2 \quad \text{subject to} \quad \|y\|_2 = \text{scale}.$$
@@ -254,7 +255,7 @@ def projection_l2_sphere(tree: Any, scale: Any = 1) -> Any:
     return _scaled(scale / jnp.sqrt(sum_of_squares(tree)), tree)
 
 
-def projection_l2_ball(tree: Any, scale: Any = 1) -> Any:
+def projection_l2_ball(tree: Any, scale: Scalar = 1) -> Any:
     r"""Projection onto the l2 ball $\{y : \|y\|_2 \le \text{scale}\}$.
 
     $$\operatorname{argmin}_y \|x - y\|_2^2 \quad \text{subject to} \quad \|y\|_2 \le \text{scale}:$$
@@ -277,7 +278,7 @@ def projection_l2_ball(tree: Any, scale: Any = 1) -> Any:
     return _scaled(factor, tree)
 
 
-def projection_linf_ball(tree: Any, scale: Any = 1) -> Any:
+def projection_linf_ball(tree: Any, scale: Scalar = 1) -> Any:
     r"""Projection onto the l-infinity ball $\{y : \|y\|_\infty \le \text{scale}\}$: clipping to
     $[-\text{scale}, \text{scale}]$.
 

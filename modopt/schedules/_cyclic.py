@@ -16,6 +16,7 @@ import numpy as np
 from .._fields import POSITIVE, Check, _shown, is_concrete
 from ._piecewise import PiecewiseInterpolateSchedule, piecewise_interpolate_schedule
 from ._schedules import JoinSchedules, WarmupCosineDecaySchedule
+from .._fields import Scalar
 
 
 def _check(name: str, value: Any, check: Check, where: str) -> None:
@@ -51,11 +52,11 @@ def _phases(
 
 
 def cosine_onecycle_schedule(
-    transition_steps: Any,
-    peak_value: Any,
-    pct_start: Any = 0.3,
-    div_factor: Any = 25.0,
-    final_div_factor: Any = 1e4,
+    transition_steps: Scalar,
+    peak_value: Scalar,
+    pct_start: Scalar = 0.3,
+    div_factor: Scalar = 25.0,
+    final_div_factor: Scalar = 1e4,
 ) -> PiecewiseInterpolateSchedule:
     r"""The one-cycle schedule with cosine annealing: up to `peak_value`, then down to almost 0.
 
@@ -87,12 +88,12 @@ def cosine_onecycle_schedule(
 
 
 def linear_onecycle_schedule(
-    transition_steps: Any,
-    peak_value: Any,
-    pct_start: Any = 0.3,
-    pct_final: Any = 0.85,
-    div_factor: Any = 25.0,
-    final_div_factor: Any = 1e4,
+    transition_steps: Scalar,
+    peak_value: Scalar,
+    pct_start: Scalar = 0.3,
+    pct_final: Scalar = 0.85,
+    div_factor: Scalar = 25.0,
+    final_div_factor: Scalar = 1e4,
 ) -> PiecewiseInterpolateSchedule:
     r"""The one-cycle schedule in three linear phases: up, down to the start, then annealing.
 

@@ -84,7 +84,7 @@ class PiecewiseConstantSchedule(AbstractSchedule):
 
 
 def piecewise_constant_schedule(
-    init_value: Any, boundaries_and_scales: Mapping[int, Any] | None = None
+    init_value: Scalar, boundaries_and_scales: Mapping[int, Any] | None = None
 ) -> PiecewiseConstantSchedule:
     """A piecewise constant schedule: `init_value` scaled at each boundary reached.
 
@@ -173,7 +173,7 @@ class PiecewiseInterpolateSchedule(AbstractSchedule):
 
 
 def piecewise_interpolate_schedule(
-    interpolate_type: str, init_value: Any, boundaries_and_scales: Mapping[int, Any] | None = None
+    interpolate_type: str, init_value: Scalar, boundaries_and_scales: Mapping[int, Any] | None = None
 ) -> PiecewiseInterpolateSchedule:
     """A schedule interpolating (`"linear"` or `"cosine"`) between values scaled at boundaries.
 
@@ -198,7 +198,7 @@ def piecewise_interpolate_schedule(
 
 
 def piecewise_linear_schedule(
-    init_value: Any, boundaries_and_scales: Mapping[int, Any] | None = None
+    init_value: Scalar, boundaries_and_scales: Mapping[int, Any] | None = None
 ) -> PiecewiseInterpolateSchedule:
     """Linear interpolation through the points `(0, init_value)` and `(b, value at b)`.
 

@@ -202,7 +202,7 @@ def unitwise_clip(g_norm: Any, max_norm: Any, grad: Any, div_eps: Any = 1e-6) ->
     return jnp.where(g_norm < max_norm, grad, clipped)
 
 
-def per_example_global_norm_clip(grads: Updates, l2_norm_clip: Any) -> tuple[Any, jax.Array]:
+def per_example_global_norm_clip(grads: Updates, l2_norm_clip: Scalar) -> tuple[Any, jax.Array]:
     """Clips each example's gradient to global L2 norm `l2_norm_clip`, then sums over examples.
 
     Every leaf of `grads` has the batch on axis 0 (per-example gradients, e.g. from

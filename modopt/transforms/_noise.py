@@ -61,7 +61,7 @@ class AddNoise(AbstractTransform):
     gamma: Scalar = noise_decay()
     key: jax.Array = prng_key()
 
-    def __init__(self, eta: Any, gamma: Any, key: Any = None, *, seed: Any = None):
+    def __init__(self, eta: Scalar, gamma: Scalar, key: Any = None, *, seed: Any = None):
         self.eta = eta
         self.gamma = gamma
         self.key = key_or_seed(key, seed, "add_noise")

@@ -83,7 +83,7 @@ class DifferentiallyPrivateAggregate(AbstractTransform):
     noise_multiplier: Scalar = dp_noise_multiplier()
     key: jax.Array = prng_key()
 
-    def __init__(self, l2_norm_clip: Any, noise_multiplier: Any, seed: Any = None, *, key: Any = None):
+    def __init__(self, l2_norm_clip: Scalar, noise_multiplier: Scalar, seed: Any = None, *, key: Any = None):
         self.l2_norm_clip = l2_norm_clip
         self.noise_multiplier = noise_multiplier
         self.key = private_key(key, seed, "differentially_private_aggregate")

@@ -49,7 +49,7 @@ class SGD(Optimizer):
     clip_grad_norm: Scalar | None = hyperparameter(None, check=POSITIVE)
     init_opt_params: dict[str, Any] = hyperparameter(kind="dict", converter=_numbers)
 
-    def __init__(self, learning_rate: Any = 0.01, clip_grad_norm: Any = None, **init_opt_params: Any):
+    def __init__(self, learning_rate: Scalar = 0.01, clip_grad_norm: Scalar | None = None, **init_opt_params: Any):
         self.learning_rate = learning_rate
         self.clip_grad_norm = clip_grad_norm
         self.init_opt_params = init_opt_params

@@ -195,10 +195,10 @@ class SM3(Optimizer):
 
     def __init__(
         self,
-        learning_rate: Any = 0.01,
-        momentum: Any = 0.9,
-        second_moment_averaging: Any = 1.0,
-        weight_decay: Any = 0.0,
+        learning_rate: Scalar = 0.01,
+        momentum: Scalar = 0.9,
+        second_moment_averaging: Scalar = 1.0,
+        weight_decay: Scalar = 0.0,
         momentum_type: Any = MomentumType.EMA,
     ):
         self.learning_rate = learning_rate

@@ -25,6 +25,7 @@ from .._trees import full_like as full_like
 from .._trees import select as where
 from .._trees import vdot as vdot
 from .._trees import zeros_like as zeros_like
+from jax.typing import DTypeLike
 
 __all__ = [
     "add",
@@ -231,7 +232,7 @@ def batch_shape(tree: Any, shape: tuple[int, ...] = ()) -> Any:
     return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (*shape, *jnp.shape(x))), tree)
 
 
-def ones_like(tree: Any, dtype: Any = None) -> Any:
+def ones_like(tree: Any, dtype: DTypeLike | None = None) -> Any:
     """Ones shaped like each leaf of `tree`.
 
     Args:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.typing import DTypeLike
 
 
 def split_key_like(rng_key: jax.Array, target_tree: Any) -> Any:
@@ -33,7 +34,7 @@ def random_like(
     rng_key: jax.Array,
     target_tree: Any,
     sampler: Callable[..., Any] = jax.random.normal,
-    dtype: Any = None,
+    dtype: DTypeLike | None = None,
 ) -> Any:
     """A tree of random arrays shaped like the leaves of `target_tree`, one split key per leaf.
 

@@ -12,6 +12,7 @@ from .._fields import as_static_tree, resolve_tree, static
 from ..transforms._stateless import SetToZero
 from ._masked import Masked
 from ._partition import Partition
+from .._masks import MaskOrFn
 
 TRAIN, FREEZE = "train", "freeze"  # the group labels of `selective_transform`, as in optax
 
@@ -43,7 +44,7 @@ class Freeze(AbstractComposite):
         >>> tx = modopt.chain(modopt.adam(1e-3), modopt.freeze({"embedding": True, "head": False}))
     """
 
-    mask: Any = static(converter=as_static_tree)
+    mask: MaskOrFn = static(converter=as_static_tree)
 
     def __check_init__(self):
         _check_mask(self.mask, "freeze")
@@ -81,7 +82,7 @@ class SelectiveTransform(AbstractComposite):
     """
 
     optimizer: AbstractTransform = inner_transform()
-    freeze_mask: Any = static(converter=as_static_tree, kw_only=True)
+    freeze_mask: MaskOrFn = static(converter=as_static_tree, kw_only=True)
 
     def __check_init__(self):
         _check_mask(self.freeze_mask, "selective_transform")

@@ -9,6 +9,7 @@ import numpy as np
 
 from .._base import AbstractTransform, AbstractWrapper, inner_transform
 from .._fields import as_static_tree, resolve_tree, static
+from .._masks import MaskOrFn
 
 
 class MaskedNode(NamedTuple):
@@ -55,7 +56,7 @@ class Masked(AbstractWrapper):
     """
 
     inner: AbstractTransform = inner_transform()
-    mask: Any = static(converter=as_static_tree)
+    mask: MaskOrFn = static(converter=as_static_tree)
     mask_compatible_extra_args: bool = static(default=False, kw_only=True)
 
     def __check_init__(self):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax.numpy as jnp
 
 from .. import fields
@@ -17,6 +15,7 @@ from ..transforms import AddDecayedWeights, ScaleByBeliefState, ScaleByLearningR
 from ..transforms._adam import moment_ratio
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 class ScaleByAcprop(AbstractTransform):
@@ -110,7 +109,7 @@ class Acprop(AbstractComposite):
     eps: Scalar = fields.eps(1e-16)
     eps_root: Scalar = fields.eps(1e-16)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 

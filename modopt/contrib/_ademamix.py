@@ -19,6 +19,7 @@ from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._adam import moment_ratio
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 def _rate_or_schedule(value: Any) -> Any:
@@ -165,7 +166,7 @@ class Ademamix(AbstractComposite):
     eps_root: Scalar = fields.eps(0.0)
     mu_dtype: DTypeLike | None = fields.dtype()
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
@@ -278,7 +279,7 @@ class SimplifiedAdEMAMix(AbstractComposite):
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 

@@ -15,6 +15,7 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from .._fields import Scalar
+from .._masks import MaskOrFn
 
 
 class COCOBState(NamedTuple):
@@ -121,7 +122,7 @@ class Cocob(AbstractComposite):
     alpha: Scalar = hyperparameter(100.0, check=POSITIVE)
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
 
     def build(self):
         return Chain(

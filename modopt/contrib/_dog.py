@@ -17,6 +17,7 @@ from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, Identity, ScaleByLearningRate
 from ._mechanic import _lowest_dtype
 from .._fields import Scalar
+from .._masks import MaskOrFn
 
 INIT_STEP_TYPES = ("distance", "learning_rate", "heuristic")
 POSITIVE_FINITE = Check("> 0 and finite", lambda v: bool(np.all((v > 0) & np.isfinite(v))))
@@ -196,7 +197,7 @@ class Dog(AbstractComposite):
     init_step_value: Scalar = hyperparameter(1e-6, check=POSITIVE_FINITE)
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(None)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
 
     def __init__(
         self,
@@ -204,7 +205,7 @@ class Dog(AbstractComposite):
         init_step: tuple[str, Any] = ("heuristic", 1e-6),
         eps: Scalar = 1e-8,
         weight_decay: Any = None,
-        mask: Any = None,
+        mask: MaskOrFn = None,
     ):
         self.learning_rate = learning_rate
         self.init_step_type, self.init_step_value = _init_step_pair(init_step)
@@ -256,7 +257,7 @@ class Dowg(AbstractComposite):
     init_estim_sq_dist: Scalar | None = hyperparameter(None, check=POSITIVE_FINITE)
     eps: Scalar = fields.eps(1e-4)
     weight_decay: ScalarOrSchedule = fields.weight_decay(None)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
 
     def build(self):
         return Chain(

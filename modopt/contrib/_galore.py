@@ -22,6 +22,7 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 from .._fields import Scalar
+from .._masks import MaskOrFn
 
 
 class GaLoreDimensionNumbers(NamedTuple):
@@ -385,7 +386,7 @@ class Galore(AbstractComposite):
     scale: Scalar = hyperparameter(1.0, check=FINITE)
     base_optimizer: AbstractTransform = eqx.field(default=None, converter=_as_base_optimizer)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     weight_dimension_numbers: Any = static(default=None, converter=_as_dimension_numbers)
 
     def build(self):

@@ -40,6 +40,7 @@ from ..transforms._newton_schulz import newton_schulz as newton_schulz
 from ..transforms._newton_schulz import orthogonalize as orthogonalize
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 class MuonState(NamedTuple):
@@ -224,7 +225,7 @@ class Muon(AbstractComposite):
     beta: Scalar = fields.decay_rate(0.95)
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    weight_decay_mask: Any = fields.mask()
+    weight_decay_mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype()
     nesterov: bool = static(default=True, kw_only=True)
     adaptive: bool = static(default=False, kw_only=True)

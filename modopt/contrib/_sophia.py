@@ -22,6 +22,7 @@ from ..second_order import hvp
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 READS_OBJ_FN = (
     ExtraArg(
@@ -288,7 +289,7 @@ class Sophia(AbstractComposite):
     b2: Scalar = fields.decay_rate(0.99)
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
-    weight_decay_mask: Any = fields.mask()
+    weight_decay_mask: MaskOrFn = fields.mask()
     gamma: Scalar = hyperparameter(0.01, check=NONNEGATIVE)
     clip_threshold: Scalar | None = hyperparameter(1.0, check=NONNEGATIVE, optional=True)
     update_interval: Scalar = hyperparameter(10, check=POSITIVE_INTEGER)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax.numpy as jnp
 
 from .. import fields
@@ -22,6 +20,7 @@ from ..transforms import (
 )
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 class Adafactor(AbstractComposite):
@@ -73,7 +72,7 @@ class Adafactor(AbstractComposite):
     weight_decay_rate: ScalarOrSchedule = fields.weight_decay(None)
     eps: Scalar = fields.eps(1e-30)
     factored: bool = static(default=True)
-    weight_decay_mask: Any = fields.mask()
+    weight_decay_mask: MaskOrFn = fields.mask()
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):

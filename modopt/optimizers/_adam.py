@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import fields
 from .._base import AbstractComposite
 from .._fields import static
@@ -12,6 +10,7 @@ from ..schedules._base import ScalarOrSchedule, schedule_annotations
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 class Adam(AbstractComposite):
@@ -93,7 +92,7 @@ class AdamW(AbstractComposite):
     mu_dtype: DTypeLike | None = fields.dtype()
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     nesterov: bool = static(default=False, kw_only=True)
 
     def build(self):
@@ -157,7 +156,7 @@ def nadamw(
     eps_root: Scalar = 0.0,
     mu_dtype: DTypeLike | None = None,
     weight_decay: ScalarOrSchedule = 1e-4,
-    mask: Any = None,
+    mask: MaskOrFn = None,
     *,
     nu_dtype: DTypeLike | None = None,
 ) -> AdamW:

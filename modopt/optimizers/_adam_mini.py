@@ -13,6 +13,7 @@ from ..transforms._scale import ScaleByLearningRate
 from ..transforms._weight_decay import AddDecayedWeights
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 class AdamMini(AbstractComposite):
@@ -54,7 +55,7 @@ class AdamMini(AbstractComposite):
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype()
     partition: Any = fields.mask(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)

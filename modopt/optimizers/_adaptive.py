@@ -36,6 +36,7 @@ from ..transforms import (
 from .._fields import Scalar
 from jax.typing import DTypeLike
 from ..transforms._lion import MODES
+from .._masks import MaskOrFn
 
 
 def _descent(scaling: AbstractTransform, learning_rate: Any, weight_decay: Any = None, mask: Any = None):
@@ -109,7 +110,7 @@ class Adadelta(AbstractComposite):
     rho: Scalar = fields.decay_rate(0.9)
     eps: Scalar = fields.eps(1e-6)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    weight_decay_mask: Any = fields.mask()
+    weight_decay_mask: MaskOrFn = fields.mask()
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
@@ -196,7 +197,7 @@ class AdamaxW(AbstractComposite):
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-4)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
@@ -286,7 +287,7 @@ class Adan(AbstractComposite):
     eps: Scalar = fields.eps(1e-8)
     eps_root: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
@@ -327,7 +328,7 @@ class Lion(AbstractComposite):
     b2: Scalar = fields.decay_rate(0.99)
     mu_dtype: DTypeLike | None = fields.dtype()
     weight_decay: ScalarOrSchedule = fields.weight_decay(1e-3)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mode: str = choice("hard", MODES, kw_only=True)
     smooth_beta: Scalar = hyperparameter(1.0, check=POSITIVE, kw_only=True)
 

@@ -15,6 +15,7 @@ from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._kron import MEMORY_SAVE_MODES, ScaleByKron, _probability
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 def at_least_2d(params: Any) -> Any:
@@ -78,7 +79,7 @@ class Kron(AbstractComposite):
     merge_dims: bool = static(default=True)
     mu_dtype: DTypeLike | None = fields.dtype()
     precond_dtype: DTypeLike | None = fields.dtype()
-    weight_decay_mask: Any = fields.mask(at_least_2d, kw_only=True)
+    weight_decay_mask: MaskOrFn = fields.mask(at_least_2d, kw_only=True)
     balance_prob: Scalar = hyperparameter(0.01, check=UNIT, kw_only=True)
     key: jax.Array = prng_key(0, kw_only=True)
 

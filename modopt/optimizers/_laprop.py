@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import fields
 from .._base import AbstractComposite
 from ..combinators import Chain
@@ -13,6 +11,7 @@ from ..transforms._scale import ScaleByLearningRate
 from ..transforms._weight_decay import AddDecayedWeights
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 class Laprop(AbstractComposite):
@@ -51,7 +50,7 @@ class Laprop(AbstractComposite):
     b2: Scalar = fields.decay_rate(0.999)
     eps: Scalar = fields.eps(1e-15)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype()
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 

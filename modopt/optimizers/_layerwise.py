@@ -22,6 +22,7 @@ from ..transforms import (
 )
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._masks import MaskOrFn
 
 
 class Lars(AbstractComposite):
@@ -59,10 +60,10 @@ class Lars(AbstractComposite):
 
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    weight_decay_mask: Any = fields.mask(True)
+    weight_decay_mask: MaskOrFn = fields.mask(True)
     trust_coefficient: Scalar = hyperparameter(default=0.001, check=NONNEGATIVE)
     eps: Scalar = fields.eps(0.0)
-    trust_ratio_mask: Any = fields.mask(True)
+    trust_ratio_mask: MaskOrFn = fields.mask(True)
     momentum: Scalar = fields.momentum(0.9)
     nesterov: bool = static(default=False)
     accumulator_dtype: DTypeLike | None = fields.dtype(kw_only=True)
@@ -115,7 +116,7 @@ class Lamb(AbstractComposite):
     eps: Scalar = fields.eps(1e-6)
     eps_root: Scalar = fields.eps(0.0)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 

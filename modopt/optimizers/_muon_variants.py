@@ -29,6 +29,7 @@ from ..transforms._newton_schulz import (
 from .._fields import Scalar
 from jax.typing import DTypeLike
 from ._adam import AdamW
+from .._masks import MaskOrFn
 
 
 def muon_partition(tx: Any, matrices: Any, nesterov: bool, owner: str) -> Partition:
@@ -126,7 +127,7 @@ class NorMuon(AbstractComposite):
     b2: Scalar = fields.decay_rate(0.95)
     eps: Scalar = fields.eps(1e-10)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    weight_decay_mask: Any = fields.mask()
+    weight_decay_mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype()
     consistent_rms: Scalar | None = hyperparameter(0.2, check=fields.NONNEGATIVE, optional=True, kw_only=True)
     nesterov: bool = static(default=True, kw_only=True)
@@ -240,7 +241,7 @@ class AdaMuon(AbstractComposite):
     b2: Scalar = fields.decay_rate(0.95)
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    weight_decay_mask: Any = fields.mask()
+    weight_decay_mask: MaskOrFn = fields.mask()
     mu_dtype: DTypeLike | None = fields.dtype()
     consistent_rms: Scalar = hyperparameter(0.2, check=fields.NONNEGATIVE, kw_only=True)
     nesterov: bool = static(default=True, kw_only=True)

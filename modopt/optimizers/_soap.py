@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import fields
 from .._base import AbstractComposite
 from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
@@ -12,6 +10,7 @@ from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._soap import DATA_FORMATS, ScaleBySoap
 from .._fields import Scalar
+from .._masks import MaskOrFn
 
 
 class Soap(AbstractComposite):
@@ -74,7 +73,7 @@ class Soap(AbstractComposite):
     normalize_grads: bool = static(False)
     data_format: str = choice("channels_first", DATA_FORMATS)
     correct_bias: bool = static(True)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
 
     def build(self):
         soap = ScaleBySoap(

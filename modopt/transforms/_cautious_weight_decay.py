@@ -10,6 +10,7 @@ from .. import fields
 from .._base import AbstractTransform
 from ..schedules._base import ScalarOrSchedule
 from ._weight_decay import decay_init, decay_update
+from .._masks import MaskOrFn
 
 
 class AddCautiousDecayedWeights(AbstractTransform):
@@ -42,7 +43,7 @@ class AddCautiousDecayedWeights(AbstractTransform):
     elementwise_updates = True
 
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
 
     def acts_elementwise(self) -> bool:
         return self.mask is None

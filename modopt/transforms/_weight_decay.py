@@ -13,6 +13,7 @@ from .._numerics import safe_increment
 from .._trees import map_updates
 from ..combinators._masked import Masked
 from ..schedules._base import ScalarOrSchedule, is_schedule
+from .._masks import MaskOrFn
 
 
 class WeightDecaySchedule(NamedTuple):
@@ -71,7 +72,7 @@ class AddDecayedWeights(AbstractTransform):
     elementwise_updates = True
 
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
-    mask: Any = fields.mask()
+    mask: MaskOrFn = fields.mask()
 
     def acts_elementwise(self) -> bool:
         return self.mask is None  # a mask picks leaves, which grouping would merge

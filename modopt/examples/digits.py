@@ -289,8 +289,13 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
     return _verdict(test_accuracy)
 
 
+def make_model(seed: int) -> eqx.nn.MLP:
+    """The job's model: an MLP from the 64 pixels to 10 logits, two hidden layers of 128."""
+    return eqx.nn.MLP(64, 10, width_size=128, depth=2, key=jax.random.key(seed))
+
+
 def _model_and_optimizer(seed: int, total_steps: int) -> tuple[eqx.nn.MLP, modopt.Optimizer]:
-    model = eqx.nn.MLP(64, 10, width_size=128, depth=2, key=jax.random.key(seed))
+    model = make_model(seed)
     schedule = modopt.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=3e-3, warmup_steps=min(50, total_steps // 5), decay_steps=total_steps
     )

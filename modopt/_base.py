@@ -79,12 +79,13 @@ class Part(NamedTuple):
 class AbstractTransform(eqx.Module):
     """Base class of every modopt transform.
 
-    Subclasses declare their hyperparameters as fields (see `modopt._fields`) and implement
+    Subclasses declare their hyperparameters as fields (see `modopt.fields`) and implement
     `init` and `update`. Concrete subclasses are final: compose transforms, don't inherit.
 
     A transform whose `update` reads extra keyword arguments (the loss `value`, ...) lists
-    them in `extra_args_spec`; compositions merge them (see `modopt._extra_args`). Like
-    optax's `GradientTransformation` pair, a transform unpacks: `init, update = tx`.
+    them in `extra_args_spec`; compositions merge them (see `ExtraArg` and
+    `declared_extra_args`). Like optax's `GradientTransformation` pair, a transform unpacks:
+    `init, update = tx`.
 
     A transform whose `update` takes per-example updates (every leaf with a leading batch
     axis) and reduces that axis sets `per_example_updates = True`; see
@@ -112,7 +113,7 @@ class AbstractTransform(eqx.Module):
         `params` may be abstract (`jax.ShapeDtypeStruct` leaves, `None` where frozen) and
         `param_specs` holds a `PartitionSpec` per parameter. The default rule goes by shape:
         state shaped like the parameters follows them and scalars are replicated (see
-        `modopt._specs.follow_params`). Transforms whose state is reduced or factored override
+        `modopt.sharding.follow_params`). Transforms whose state is reduced or factored override
         it; combinators ask their parts. `modopt.sharding` puts the result on a mesh.
         """
         return follow_params(jax.eval_shape(self.init, params), params, param_specs, type(self).__name__)
@@ -244,7 +245,7 @@ class AbstractWrapper(AbstractTransform):
 
     Subclasses declare `inner` with `inner_transform()` and a state NamedTuple holding the
     inner state in the field named `inner_state_field`. Extra arguments reach the inner
-    transform by the wrapper's own `update`, and are declared by it (see `modopt._extra_args`).
+    transform by the wrapper's own `update`, and are declared by it (see `ExtraArg`).
     The default sharding rule places the wrapper's own state by shape (`follow_params`) and
     the inner state by the inner transform's rule, on `inner_view` of the parameters.
     """

@@ -49,7 +49,8 @@ def value_and_grad_from_state(value_fn: Callable[..., Any]) -> Callable[..., tup
         ...     updates, state = tx.update(grad, state, params, value=value, grad=grad, value_fn=f)
         ...     params = modopt.apply_updates(params, updates)
 
-    Reference: Nocedal & Wright, 2006, Numerical Optimization, 2nd ed., chapter 3 (line searches).
+    Reference: Nocedal & Wright, 2006, Numerical Optimization, 2nd ed., chapter 3 (line searches),
+    https://doi.org/10.1007/978-0-387-40065-5
     """
 
     def value_and_grad(params: Any, *fn_args: Any, state: Any, **fn_kwargs: Any) -> tuple[Any, Any]:

@@ -89,7 +89,8 @@ def power_iteration(
 
     Reference: von Mises & Pollaczek-Geiringer, 1929, Praktische Verfahren der
     Gleichungsauflösung, https://doi.org/10.1002/zamm.19290090206; Golub & Van Loan, Matrix
-    Computations, 4th ed., section 8.2.1.
+    Computations, 4th ed., section 8.2.1,
+    https://www.cs.cornell.edu/cv/GolubVanLoan4/golubandvanloan.htm
     """
     where = "power_iteration"
     number("num_iters", num_iters, where, least=0, integer=True)

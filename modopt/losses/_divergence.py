@@ -127,7 +127,7 @@ def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, whe
         Array(0.30685282, dtype=float32)
 
     Reference: Kullback & Leibler, 1951, https://doi.org/10.1214/aoms/1177729694; Boyd &
-    Vandenberghe, 2004, "Convex Optimization", p. 90.
+    Vandenberghe, 2004, "Convex Optimization", p. 90, https://stanford.edu/~boyd/cvxbook/
     """
     warnings.warn(
         "convex_kl_divergence is deprecated: use generalized_kl_divergence (the same function).",

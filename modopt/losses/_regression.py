@@ -44,7 +44,8 @@ def squared_error(predictions: Any, targets: Any = None) -> jax.Array:
         >>> modopt.losses.squared_error(jnp.array([1.0, 2.0]), jnp.array([0.0, 4.0]))
         Array([1., 4.], dtype=float32)
 
-    Reference: Bishop, 2006, "Pattern Recognition and Machine Learning", section 1.1.
+    Reference: Bishop, 2006, "Pattern Recognition and Machine Learning", section 1.1,
+    https://www.microsoft.com/en-us/research/publication/pattern-recognition-machine-learning/
     """
     return _errors("squared_error", predictions, targets, broadcast=False) ** 2
 
@@ -69,7 +70,8 @@ def l2_loss(predictions: Any, targets: Any = None) -> jax.Array:
         >>> modopt.losses.l2_loss(jnp.array([1.0, 2.0]), jnp.array([0.0, 4.0]))
         Array([0.5, 2. ], dtype=float32)
 
-    Reference: Bishop, 2006, "Pattern Recognition and Machine Learning", section 1.1.
+    Reference: Bishop, 2006, "Pattern Recognition and Machine Learning", section 1.1,
+    https://www.microsoft.com/en-us/research/publication/pattern-recognition-machine-learning/
     """
     return 0.5 * _errors("l2_loss", predictions, targets, broadcast=False) ** 2
 

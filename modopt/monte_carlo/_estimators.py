@@ -183,8 +183,8 @@ def measure_valued_jacobians(
         >>> [j.shape for j in jacobians]
         [(10, 2, 2), (10, 2, 2)]
 
-    Reference: Mohamed et al. 2020 (above), section 6; Pflug, "Optimization of Stochastic
-    Models", 1996.
+    Reference: Mohamed et al., 2020, https://jmlr.org/papers/v21/19-346.html, section 6 (after
+    Pflug, 1996, "Optimization of Stochastic Models").
     """
     if dist_builder is not MultiNormalDiagFromLogScale:
         raise ValueError(

@@ -27,9 +27,9 @@ from .._fields import (
     is_concrete,
     rate,
 )
+from .._fields import Scalar
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
 from ._exact import Derived, derive, divide, is_traced, power, strongly_typed
-from .._fields import Scalar
 
 
 def as_count(count: Any) -> Any:
@@ -66,10 +66,10 @@ class PolynomialSchedule(AbstractSchedule):
     `(init_value - end_value) * (1 - t / transition_steps) ** power + end_value`.
     A non-positive `transition_steps` gives the constant `init_value`; a negative
     `transition_begin` counts as 0. `init_value - end_value` is computed as optax computes it,
-    from the numbers as given (see `modopt.schedules._exact`), so the values are optax's to
-    the bit; from the end of the transition on, the value is `end_value` exactly, where optax's
-    jitted schedule can be a rounding off it (below 0 for a decay to 0, NaN for a fractional
-    `power`).
+    from the numbers as given (Python floats: in double precision, rounded once), so the values
+    are optax's to the bit; from the end of the transition on, the value is `end_value`
+    exactly, where optax's jitted schedule can be a rounding off it (below 0 for a decay to 0,
+    NaN for a fractional `power`).
 
     Args:
         init_value: the value up to `transition_begin`.

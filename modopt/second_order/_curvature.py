@@ -135,8 +135,9 @@ def hessian_diag(loss: LossFn, params: Params, inputs: Any, targets: Any) -> jax
         >>> hessian_diag(loss, jnp.zeros(2), jnp.array([[1.0, 2.0]]), jnp.zeros(1))
         Array([2., 8.], dtype=float32)
 
-    Reference: Becker & LeCun, 1988, Improving the convergence of back-propagation learning
-    with second order methods (the Hessian diagonal as a preconditioner).
+    Reference: Becker & LeCun, 1988, "Improving the convergence of back-propagation learning
+    with second order methods", http://yann.lecun.com/exdb/publis/pdf/becker-lecun-89.pdf
+    (the Hessian diagonal as a preconditioner).
     """
     _check("hessian_diag", "loss", loss, params, inputs, targets)
     flat, unravel = ravel_pytree(params)

@@ -136,8 +136,8 @@ def gathered(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in whole]
 
 
-def unsharded_reference(steps: int):
-    """The same steps on one device of this process, from plain NumPy inputs."""
+def unsharded_reference(steps: int) -> tuple[dict, modopt.Optimizer]:
+    """The same steps on one device of this process, from plain NumPy inputs: (params, optimizer)."""
     device = jax.local_devices()[0]
     params = jax.device_put(make_params(), device)
     optimizer = modopt.Optimizer(make_tx(), params)
@@ -172,34 +172,30 @@ def train() -> None:
     devices = {d.process_index for d in run.mesh.devices[PROCESS_ID]}
     assert devices == {PROCESS_ID} and jax.device_count() == 2 * PROCESSES, (devices, jax.devices())
 
-    # Sharded and ZeRO-1 steps equal the unsharded ones.
-    reference_params, reference = unsharded_reference(3)
-    held = {}
-    for zero in (False, True):
-        params = run.params()
-        optimizer = run.optimizer(params, zero)
-        params, optimizer = run.train(params, optimizer, range(3))
-        assert_leaves(gathered(params), jax.tree.leaves(reference_params), f"params (zero={zero})", TOLERANCE)
-        assert_leaves(gathered(optimizer.state), jax.tree.leaves(reference.state), f"state (zero={zero})", TOLERANCE)
-        held[zero] = held_bytes(optimizer.state)
-        mu = optimizer.state[1][0].mu["w1"]  # adamw's first moment of w1, (16, 32) over "model"
-        assert not mu.is_fully_addressable, mu.sharding
-    log(f"optimizer state held per process: {held[False]} bytes, {held[True]} with ZeRO-1")
-    # With ZeRO-1 over "data" (across processes) each process holds about half of the moments.
-    assert held[True] < 0.6 * held[False], held
-    ok("sharded step equals the unsharded step")
-    ok("zero1 step equals the unsharded step, state split across processes")
-
-    # The straight run: the reference of the resumed one.
+    # Sharded and ZeRO-1 steps equal the unsharded ones (parameters, state, count, hyperparameters).
+    expected = [np.asarray(x) for x in jax.tree.leaves(unsharded_reference(3))]
     params = run.params()
-    optimizer = run.optimizer(params, zero=True)
+    params, optimizer = run.train(params, run.optimizer(params, zero=False), range(3))
+    assert_leaves(gathered((params, optimizer)), expected, "3 sharded steps", TOLERANCE)
+    held = [held_bytes(optimizer.state)]
+    ok("sharded step equals the unsharded step")
+
+    # With ZeRO-1, the straight run: the reference of the resumed one.
     snapshots = {}
 
     def snapshot(step, params, optimizer):
         snapshots[step] = gathered((params, optimizer))
 
-    run.train(params, optimizer, range(STEPS), after_step=snapshot)
-    log("straight run done")
+    params = run.params()
+    params, optimizer = run.train(params, run.optimizer(params, zero=True), range(STEPS), after_step=snapshot)
+    assert_leaves(snapshots[3], expected, "3 sharded steps with ZeRO-1", TOLERANCE)
+    mu = optimizer.state[1][0].mu["w1"]  # adamw's first moment of w1, (16, 32)
+    assert not mu.is_fully_addressable and mu.sharding.spec == P("data", "model"), mu.sharding
+    held.append(held_bytes(optimizer.state))
+    log(f"optimizer state held per process: {held[0]} bytes, {held[1]} with ZeRO-1")
+    # ZeRO-1 over "data" (across processes): each process holds about half of the moments.
+    assert held[1] < 0.6 * held[0], held
+    ok("zero1 step equals the unsharded step, state split across processes")
     if PROCESS_ID == 0:
         for step, leaves in snapshots.items():
             np.savez(reference_path(step), *leaves)
@@ -212,7 +208,7 @@ def checkpoints(run: Run) -> None:
     """The same run saving every step from all processes, until process 1 is killed mid-save."""
     directory = os.path.join(DIRECTORY, "checkpoints")
     lock = os.path.join(directory, _lock.NAME)
-    _lock.HEARTBEAT = 0.2  # refreshes every 0.2 s (10 s by default)
+    _lock.HEARTBEAT = 0.1  # refreshes every 0.1 s (10 s by default)
     pids = [int(p) for p in multihost_utils.process_allgather(np.int32(os.getpid()))]
     params = run.params()
     optimizer = run.optimizer(params, zero=True)
@@ -237,7 +233,7 @@ def lock_checks(manager: CheckpointManager, lock: str, pids: list[int]) -> None:
     assert owner["pid"] == pids[0], (owner, pids)
     assert [name for name in os.listdir(os.path.dirname(lock)) if name.startswith(_lock.NAME)] == [_lock.NAME]
     first = os.stat(lock).st_mtime
-    time.sleep(1.0)
+    time.sleep(0.5)
     assert os.stat(lock).st_mtime > first, "the writer lock was not refreshed"
     # Process 0 refreshes it; no other process has a heartbeat.
     assert (_lock._thread is not None) == (PROCESS_ID == 0), _lock._thread

@@ -21,6 +21,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -33,9 +34,16 @@ WORKER = os.path.join(os.path.dirname(__file__), "multiprocess_worker.py")
 TIMEOUT = 240  # seconds for one launch of the pair (about 30 on an idle 2-core machine)
 
 
-def worker_env() -> dict[str, str]:
-    """The workers choose their device count; a forced count from outside would contradict it."""
+def worker_env(cache=None) -> dict[str, str]:
+    """The workers choose their device count (a forced count from outside would contradict it);
+    `cache`: a persistent compilation cache (the second launch compiles what the first did)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if cache is not None:
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=str(cache),
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
     env["XLA_FLAGS"] = " ".join(flags)
     return env
@@ -50,7 +58,7 @@ def launch(case: str, directory, *, grace: float) -> tuple[list[int], list[str]]
         lambda i, address: [sys.executable, WORKER, case, str(i), "2", address, str(directory)],
         2,
         outputs=logs,
-        env=worker_env(),
+        env=worker_env(directory / "jax_cache"),
     )
     try:
         statuses = group.wait(TIMEOUT, grace=grace)
@@ -90,7 +98,8 @@ def run(tmp_path_factory):
     statuses, outputs = launch("resume", directory, grace=5.0)
     results["resume"] = outputs
     assert statuses == [0, 0], f"{statuses}\n{shown(outputs)}"
-    return results
+    yield results
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def restore_in_this_process(checkpoints, step: int, directory) -> str:

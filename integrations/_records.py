@@ -33,6 +33,7 @@ bytes, so the checksum does not depend on where the data lives either.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from typing import Any
 
@@ -191,20 +192,84 @@ def _fits(saved: Leaf, target: Leaf) -> bool:
     return info.min <= saved.value <= info.max
 
 
-def first_mismatch(saved: list[Leaf], target: list[Leaf]) -> str | None:
-    """Where the target's leaves depart from the checkpoint's, in words; `None` if they agree."""
-    for s, t in zip(saved, target):
-        if s.path != t.path:
-            return f"the checkpoint has a leaf at {s.path or 'the root'} where the target has one at {t.path or 'the root'}"
-        if not _agree(s, t):
-            return f"at {s.path or 'the root'} the checkpoint has {s.describe()}, the target {t.describe()}"
-        if not _fits(s, t):
-            return f"at {s.path or 'the root'} the checkpoint has {s.describe()}, which does not fit the target's dtype {t.dtype}"
-    if len(saved) != len(target):
-        n = min(len(saved), len(target))
-        which, longer = ("checkpoint", saved) if len(saved) > n else ("target", target)
-        return f"the {which} has {len(longer) - n} more leaves, the first at {longer[n].path}"
+def mismatch(saved: list[Leaf], target: list[Leaf], holds: str, is_: str) -> str | None:
+    """How the target's leaves depart from the checkpoint's, in words; `None` if they agree.
+
+    Leaves are paired by path, never by position (one leaf more early on would pair every later
+    one with an unrelated one). The summary comes first: how many leaves each holds, in which
+    top-level parts they differ, and what each is (`holds` and `is_`, e.g. "an Optimizer of Adam"
+    and "an Optimizer of Sgd", shown where they differ); then the first paths found only in one of
+    them, and the leaves that differ at the same path.
+    """
+    by_path = {leaf.path: leaf for leaf in target}
+    in_saved = {leaf.path for leaf in saved}
+    only_saved = [s.path for s in saved if s.path not in by_path]
+    only_target = [t.path for t in target if t.path not in in_saved]
+    differing = [_difference(s, by_path[s.path]) for s in saved if s.path in by_path]
+    differing = [d for d in differing if d]
+    if not (only_saved or only_target or differing):
+        return None
+    kinds = f"; it holds {holds}, the target is {is_}" if holds != is_ else ""
+    if not (only_saved or only_target):
+        n = len(differing)
+        return (
+            f"the checkpoint and the target have the same {len(saved)} leaves by path{kinds}, "
+            f"{n} of them different: {'; '.join(differing[:3])}{_more(n - 3, 'other')}"
+        )
+    parts = []
+    for part, (n_saved, n_target, same) in _by_part(saved, target, by_path).items():
+        if not same:
+            parts.append(f"{part or 'the root'} {n_saved} against {n_target}" if n_saved != n_target else f"{part or 'the root'} differs")
+    details = []
+    if only_saved:
+        details.append(f"only in the checkpoint: {', '.join(only_saved[:3])}{_more(len(only_saved) - 3)}")
+    if only_target:
+        details.append(f"only in the target: {', '.join(only_target[:3])}{_more(len(only_target) - 3)}")
+    if differing:
+        details.append(f"different at the same path: {'; '.join(differing[:2])}{_more(len(differing) - 2)}")
+    return (
+        f"the checkpoint holds {len(saved)} leaves, the target {len(target)} "
+        f"(by top-level part: {', '.join(parts)}){kinds}. {_capitalized('; '.join(details))}"
+    )
+
+
+def _difference(s: Leaf, t: Leaf) -> str | None:
+    """How two leaves at the same path differ, in words; `None` if the saved one restores into the other."""
+    where = s.path or "the root"
+    if not _agree(s, t):
+        return f"at {where} the checkpoint has {s.describe()}, the target {t.describe()}"
+    if not _fits(s, t):
+        return f"at {where} the checkpoint has {s.describe()}, which does not fit the target's dtype {t.dtype}"
     return None
+
+
+def _by_part(saved: list[Leaf], target: list[Leaf], by_path: dict[str, Leaf]) -> dict[str, tuple[int, int, bool]]:
+    """Per top-level part of the item (`.tx`, `.state`, `['model']`): the leaves the checkpoint
+    and the target hold there, and whether those agree."""
+    counts: dict[str, list] = {}
+    for leaves, side in ((saved, 0), (target, 1)):
+        for leaf in leaves:
+            counts.setdefault(_top(leaf.path), [0, 0, set(), set()])[side] += 1
+            counts[_top(leaf.path)][2 + side].add(leaf.path)
+    same_leaves = {s.path for s in saved if s.path in by_path and _difference(s, by_path[s.path]) is None}
+    return {
+        part: (n_saved, n_target, paths_saved == paths_target and paths_saved <= same_leaves)
+        for part, (n_saved, n_target, paths_saved, paths_target) in counts.items()
+    }
+
+
+def _top(path: str) -> str:
+    """The first entry of a path: `.tx` of `.tx.b1`, `['model']` of `['model'].layers[0]`."""
+    found = re.match(r"\.[^.\[]+|\[[^\]]*\]", path)
+    return found.group(0) if found else path
+
+
+def _more(n: int, what: str = "") -> str:
+    return f" and {n} more{' ' + what if what else ''}" if n > 0 else ""
+
+
+def _capitalized(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 # ---- hyperparameters -----------------------------------------------------------------------

@@ -58,16 +58,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._lock import WriterLock
+from ._lock import WriterLock, _abandoned, _read
 from ._records import (
     CheckpointError,
     Leaf,
     checksums,
     described,
-    first_mismatch,
     from_record,
     hyperparameter_leaves,
     leaves_of,
+    mismatch,
     unsavable,
 )
 
@@ -127,12 +127,14 @@ class CheckpointManager:
             max_to_keep=max_to_keep,
             save_interval_steps=save_interval_steps,
             enable_async_checkpointing=async_save,
-            # Not at construction: a manager opened to read would delete the files of a save in
-            # flight in another. The writer removes what an interrupted save left (`_become_writer`).
+            # Not by Orbax at construction: a manager opened to read would delete the files of a
+            # save in flight in another. What saves that never finished left is removed here where
+            # no writer holds the directory, and by the writer (`_become_writer`).
             cleanup_tmp_directories=False,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(_ARRAYS, _RECORD))
         self._lock = WriterLock(self.directory)
+        self._remove_leftovers()
         self._names = frozenset(os.listdir(self.directory))  # what Orbax found at construction
         # Saves in flight are finished at exit, so an exit without `close()` loses nothing. This
         # must run before Python stops the thread pools Orbax writes with, which happens before
@@ -215,15 +217,31 @@ class CheckpointManager:
         args = ocp.args.Composite(
             **{_ARRAYS: ocp.args.PyTreeSave(arrays), _RECORD: ocp.args.JsonSave(record)}
         )
-        return bool(self._manager.save(step, args=args, force=True))  # `should_save` was asked above
+        try:
+            return bool(self._manager.save(step, args=args, force=True))  # `should_save` was asked above
+        except Exception as error:  # a full disk, say: written now, or the previous save, in the background
+            _failed(self._manager, self.directory, error)
+            raise
+
+    def _remove_leftovers(self) -> None:
+        """Removes the files of saves that never finished (`<step>.orbax-checkpoint-tmp`: a crash,
+        a full disk), which hold disk space, where no writer holds the directory (no save is in
+        flight then). They are listed before the lock is read: a writer that starts meanwhile
+        writes files of another name."""
+        if jax.process_index() != 0:
+            return
+        leftovers = _unfinished(self.directory)
+        if not leftovers:
+            return
+        owner, age = _read(self._lock.path)
+        if owner is None or _abandoned(owner, age):
+            _remove(self.directory, leftovers)
 
     def _become_writer(self) -> None:
         """On becoming the directory's only writer: what other writers left is now known to be done."""
         self._manager.reload()  # the steps saved since this manager was made
         if jax.process_index() == 0:
-            for name in os.listdir(self.directory):
-                if _TEMPORARY.match(name):  # a save that never finished (its process ended)
-                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            _remove(self.directory, _unfinished(self.directory))  # saves that never finished (their process ended)
 
     # ---- restoring -----------------------------------------------------------------------
 
@@ -323,15 +341,16 @@ class CheckpointManager:
         except (KeyError, TypeError) as error:
             raise CheckpointError(f"The record of {name!r} at step {step} is garbled: {error!r}.") from None
         targets = leaves_of(like)
-        mismatch = first_mismatch(saved, targets)
-        if mismatch and "['grouped']" in mismatch:
-            mismatch += (
+        holds = _kind(saved_item.get("type"), saved_item.get("summary"))
+        differences = mismatch(saved, targets, holds, _kind(type(like).__name__, _summary(like)))
+        if differences and "['grouped']" in differences:
+            differences += (
                 " (one of the two optimizers keeps small leaves in grouped buffers and the other does not: "
                 "build the target with the `group_small_leaves=` of the one saved, and the same model and transform)"
             )
-        if mismatch:
+        if differences:
             raise CheckpointError(
-                f"Cannot restore {name!r} from step {step} into this {type(like).__name__}: {mismatch}. "
+                f"Cannot restore {name!r} from step {step} into this {type(like).__name__}: {differences}. "
                 f"The checkpoint holds: {saved_item.get('type')}{_described(saved_item.get('summary'))}. "
                 "Nothing was restored."
             )
@@ -387,8 +406,16 @@ class CheckpointManager:
         return sorted(self._manager.all_steps())
 
     def wait_until_finished(self) -> None:
-        """Blocks until every save in flight is written."""
-        self._manager.wait_until_finished()
+        """Blocks until every save in flight is written.
+
+        A save that failed in the background (a full disk) raises its error here, once its
+        unfinished files are removed (see `save`).
+        """
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:
+            _failed(self._manager, self.directory, error)
+            raise
 
     def close(self) -> None:
         """Finishes the saves in flight and releases the manager."""
@@ -406,10 +433,45 @@ class CheckpointManager:
 
 def _finish(manager: Any, lock: WriterLock) -> None:
     try:
-        manager.wait_until_finished()
+        try:
+            manager.wait_until_finished()
+        except Exception as error:
+            _failed(manager, lock.directory, error)
+            raise
         manager.close()
     finally:
         lock.release()
+
+
+def _failed(manager: Any, directory: str, error: BaseException) -> None:
+    """After a save failed (a full disk, a lost connection): removes the files it left
+    unfinished, which would hold the space until the next writer, and says so on `error`."""
+    try:
+        manager.wait_until_finished()  # nothing in flight any more
+    except Exception:  # noqa: BLE001 - the failure being handled, raised again
+        pass
+    if jax.process_index() != 0:
+        return
+    removed = _unfinished(directory)
+    _remove(directory, removed)
+    if removed and hasattr(error, "add_note"):
+        error.add_note(
+            f"modopt: the save failed; its unfinished files ({', '.join(removed)}) were removed from {directory}. "
+            "The steps saved before are intact."
+        )
+
+
+def _unfinished(directory: str) -> list[str]:
+    """The entries of `directory` that saves not finished (or not finished yet) are writing."""
+    try:
+        return sorted(name for name in os.listdir(directory) if _TEMPORARY.match(name))
+    except FileNotFoundError:
+        return []
+
+
+def _remove(directory: str, names: list[str]) -> None:
+    for name in names:
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 def _step(step: Any, method: str) -> int:
@@ -458,7 +520,7 @@ def _rebuild(plan: list, arrays: dict, like: Any, kept: dict[int, str]) -> Any:
         elif saved.kind == "array":
             leaves.append(_array_like(arrays[f"leaf_{i}"], x))
         elif saved.kind == "key":
-            leaves.append(jax.random.wrap_key_data(arrays[f"leaf_{i}"], impl=saved.impl))
+            leaves.append(jax.random.wrap_key_data(_owned(arrays[f"leaf_{i}"]), impl=saved.impl))
         elif saved.kind == "empty":
             empty = np.zeros(saved.shape, saved.dtype)
             sharding = getattr(x, "sharding", None)
@@ -488,11 +550,20 @@ def _array_like(value: Any, x: Any) -> Any:
         return type(x)(value.item())  # a 64-bit number JAX cannot hold stays a Python number
     if isinstance(value, np.ndarray):
         return value
+    value = _owned(value)
     if isinstance(x, (bool, int, float)) or (getattr(x, "weak_type", False) and value.ndim == 0):
         # Hyperparameters are weakly typed (bf16 * lr stays bf16), and so is a Python number
         # under `jit` (a fresh Flax TrainState's `step=0`); Orbax forgets it.
         return _weak(value)
     return value
+
+
+def _owned(value: jax.Array) -> jax.Array:
+    """A restored array in host memory (an optimizer's offloaded state) in a buffer of its own: as
+    read, it may still reference the reader's memory (on a GPU), and a donated step could not take it."""
+    if getattr(value.sharding, "memory_kind", None) in (None, "device"):
+        return value
+    return jax.device_put(value, value.sharding, may_alias=False)
 
 
 def _weak(value: jax.Array) -> jax.Array:
@@ -598,6 +669,17 @@ def _plain(value: Any) -> Any:
         # A float at its own precision (0.001, not 0.0010000000474974513).
         return float(str(scalar)) if np.issubdtype(scalar.dtype, np.floating) else scalar.item()
     return None
+
+
+def _kind(type_name: Any, summary: Any) -> str:
+    """What an item is, for a mismatch's summary: "an Optimizer of Adam", "an MLP"."""
+    name = str(type_name)
+    kind = f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    transform = summary.get("transform") if isinstance(summary, dict) else None
+    if isinstance(transform, str):
+        head = re.match(r"\w+", transform)  # the type of the transform, without its fields
+        kind += f" of {head.group(0) if head else transform}"
+    return kind
 
 
 def _described(summary: Any) -> str:

@@ -56,11 +56,89 @@ def job(tmp_path_factory):
     return start
 
 
-def run_job(job, directory, hook):
-    """The job in a subprocess with the test hook set: (exit status, stdout, stderr)."""
+@contextlib.contextmanager
+def sigint_handled_in_children():
+    """Processes started inside handle SIGINT as foreground programs do, however this one was
+    launched. One started by a process that ignores SIGINT (a background job of a shell, `nohup
+    ... &`) inherits the ignoring, and the job, like Python itself, then leaves it ignored; a
+    handler, unlike an ignored signal, is reset to the default in a new program. (Not with
+    `preexec_fn`, which runs Python in a forked copy of this multithreaded process.)"""
+    ignored = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_job(job, directory, hook, terminal=False):
+    """The job in a subprocess with the test hook set: (exit status, stdout, stderr). With
+    `terminal`, its stderr is a terminal (a pseudo-terminal): the progress bar is shown there."""
     command, env = job(directory, hook)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=directory.parent)
-    return done.returncode, done.stdout, done.stderr
+    if not terminal:
+        with sigint_handled_in_children():
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=directory.parent)
+        return done.returncode, done.stdout, done.stderr
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 24 rows, 120 columns
+    with sigint_handled_in_children():
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=follower, text=True, env=env, cwd=directory.parent)
+    os.close(follower)
+    chunks = []
+    reader = threading.Thread(target=_read_all, args=(leader, chunks))
+    reader.start()
+    out, _ = process.communicate(timeout=300)
+    reader.join(timeout=60)
+    os.close(leader)
+    return process.returncode, out, b"".join(chunks).decode(errors="replace")
+
+
+def _read_all(fd, chunks):
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the job closed the terminal
+            return
+        if not chunk:
+            return
+        chunks.append(chunk)
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows for `text`: a carriage return goes back to the line's start,
+    later characters overwrite earlier ones (escape sequences are left out)."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    lines, line, column = [], [], 0
+    for character in text:
+        if character == "\r":
+            column = 0
+        elif character == "\n":
+            lines.append("".join(line).rstrip())
+            line, column = [], 0
+        else:
+            line[column : column + 1] = [character]
+            column += 1
+    return lines + ["".join(line).rstrip()]
+
+
+@pytest.fixture(params=["SIGINT handled", "SIGINT ignored by the launcher"])
+def launcher(request):
+    """How this test process was started: normally, or ignoring SIGINT (a background job, `nohup
+    ... &`), which is what the processes it starts inherit. The tests must pass either way."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are handled in the main thread only")
+    before = signal.getsignal(signal.SIGINT)
+    ignored = request.param != "SIGINT handled"
+    signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+    yield ignored
+    signal.signal(signal.SIGINT, before)
 
 
 def results(out: str) -> list[str]:
@@ -160,18 +238,24 @@ def test_a_directory_of_another_kind_is_refused(tmp_path):
     assert "holds a checkpoint of another kind" in err and "use --fresh" in err, err
 
 
-def test_interrupt_during_set_up_exits_130_with_one_line(job, tmp_path):
-    status, out, err = run_job(job, tmp_path / "run", "setup")
+def test_interrupt_during_set_up_exits_130_with_one_line(launcher, job, tmp_path):
+    """Also with a second Ctrl-C as the job exits (in JAX's clean-up): no traceback."""
+    status, out, err = run_job(job, tmp_path / "run", "setup,exit")
     assert_interrupted(status, err, "interrupted during set-up: nothing was trained or saved; the next run starts fresh.")
     assert not out and len(err.strip().splitlines()) == 1, err
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.isdigit()]
 
 
 def test_interrupt_before_the_first_save_saves_the_steps_done(job, tmp_path):
-    status, out, err = run_job(job, tmp_path / "run", "before-first-save")
+    """On a terminal, where the progress bar is shown: the message is on a line of its own."""
+    status, out, err = run_job(job, tmp_path / "run", "before-first-save", terminal=True)
     half = STEPS_PER_EPOCH // 2
-    assert_interrupted(status, err, f"interrupted at step {half} (epoch 1, {half} of {STEPS_PER_EPOCH} steps done): checkpoint saved;")
+    message = f"interrupted at step {half} (epoch 1, {half} of {STEPS_PER_EPOCH} steps done): checkpoint saved;"
+    assert_interrupted(status, err, message)
     assert "resumes from there" in err and not out, (out, err)
+    lines = screen(err)
+    assert any(f"/{STEPS_PER_EPOCH * EPOCHS} [" in line for line in lines), lines  # the progress bar was shown
+    assert [line for line in lines if message in line] == [message + " the same command resumes from there."], lines
     record = saved_run(tmp_path / "run")
     assert int(record["step"]) == half and np.all(np.isnan(record["history"]["train_loss"]))
     assert np.all(np.isfinite(record["epoch_losses"][:half])) and np.all(np.isnan(record["epoch_losses"][half:]))
@@ -181,7 +265,8 @@ def test_ctrl_c_mid_epoch_saves_and_the_rerun_ends_as_the_straight_run(straight,
     """A real SIGINT from this process, while the job waits mid-epoch 2; then the same command."""
     directory = tmp_path / "run"
     command, env = job(directory, "mid-epoch:parent")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    with sigint_handled_in_children():
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     seen = []
     for line in process.stderr:  # set-up warnings may come first
         seen.append(line)
@@ -208,9 +293,14 @@ def test_ctrl_c_mid_epoch_saves_and_the_rerun_ends_as_the_straight_run(straight,
         np.testing.assert_array_equal(history[name], expected[name], err_msg=name)
 
 
-def test_interrupt_flag_restores_the_handler_and_a_second_ctrl_c_aborts():
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signals are handled in the main thread only")
+def test_interrupt_flag_restores_the_handler_and_a_second_ctrl_c_aborts(launcher):
+    if launcher:  # SIGINT ignored: the flag leaves it so (as Python does), and is never set
+        with _interrupts.InterruptFlag() as interrupt:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+            assert not interrupt.requested
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a foreground program
     before = signal.getsignal(signal.SIGINT)
     aborted = []
     with _interrupts.InterruptFlag(on_second=lambda: aborted.append(True)) as interrupt:

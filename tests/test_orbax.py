@@ -254,14 +254,21 @@ def test_restoring_into_another_optimizer_or_model_names_the_path(tmp_path):
         with pytest.raises(CheckpointError) as error:
             manager.restore(optimizer=sgd)
         message = str(error.value)
-        assert "Cannot restore 'optimizer' from step 3 into this Optimizer: the checkpoint has a leaf at .tx.b1" in message
+        # A summary first (leaves paired by path, never by position), then the paths that differ.
+        assert (
+            "Cannot restore 'optimizer' from step 3 into this Optimizer: the checkpoint holds 17 leaves, the target 7 "
+            "(by top-level part: .tx 7 against 2, .state 9 against 4); it holds an Optimizer of Adam, the target is an "
+            "Optimizer of Sgd. Only in the checkpoint: .tx.b1.value, .tx.b1.complement, .tx.b2.value and 12 more; only "
+            "in the target: .tx.momentum, .state[0].trace.layers[0].weight"
+        ) in message
         assert "The checkpoint holds: Optimizer of Adam(learning_rate=0.001" in message
         assert "Nothing was restored." in message
 
         wider = eqx.nn.MLP(8, 3, 32, 1, key=jax.random.key(0))
         expected = (
-            "Cannot restore 'model' from step 3 into this MLP: at .layers[0].weight the checkpoint has an array of "
-            "shape (16, 8) and dtype float32, the target an array of shape (32, 8) and dtype float32."
+            "Cannot restore 'model' from step 3 into this MLP: the checkpoint and the target have the same 6 leaves by "
+            "path, 3 of them different: at .layers[0].weight the checkpoint has an array of shape (16, 8) and dtype "
+            "float32, the target an array of shape (32, 8) and dtype float32; at .layers[0].bias"
         )
         with pytest.raises(CheckpointError, match=re.escape(expected)):
             manager.restore(model=wider)

@@ -357,6 +357,6 @@ def _is_dtype(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float, complex)):  # complex: injected, to be refused as a hyperparameter
         return True
     return isinstance(value, (jax.Array, np.ndarray)) and jnp.issubdtype(value.dtype, jnp.number)

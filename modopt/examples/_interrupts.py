@@ -6,7 +6,8 @@ printed as "Exception ignored in ..." and lost, so the run goes on; elsewhere it
 the middle of a checkpoint save. `InterruptFlag` replaces the handler while it is active: the
 first SIGINT only sets `requested`, and the program stops at the next point it chooses (between
 two steps, after saving). A second SIGINT ends the process at once, with the conventional
-exit status 130 (128 + SIGINT).
+exit status 130 (128 + SIGINT). `exit_with(main())` ends such a program: a Ctrl-C while it
+exits (while JAX and Orbax clean up) ends it at once, without a traceback from the clean-up.
 
 Example:
     >>> with InterruptFlag() as interrupt:
@@ -19,13 +20,14 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, what shells report for a program stopped by Ctrl-C
 
@@ -33,12 +35,70 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, what shells report for a program 
 # itself when it reaches `interrupt_point(<point>, ...)`; `<point>:parent` makes it print
 # `waiting for SIGINT at <point>` on stderr and wait (up to a minute) for another process to
 # send one. Either way the signal goes through the real handler; no test depends on sleeps.
+# Several points are separated by commas; the point `exit` is an `atexit` callback, run as the
+# program exits, where JAX's clean-up runs.
 TEST_HOOK = "_MODOPT_TEST_INTERRUPT_AT"
 
 
+def report(message: str) -> None:
+    """Writes `message` to stderr on a line of its own: on a terminal, the line where the
+    cursor is may hold a progress bar or the `^C` the terminal echoed."""
+    newline = "\n" if _is_terminal(sys.stderr) else ""
+    print(f"{newline}{message}", file=sys.stderr, flush=True)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
+
+
 def _abort() -> None:
-    os.write(2, b"interrupted again: stopping at once, without saving\n")
+    newline = b"\n" if os.isatty(2) else b""
+    os.write(2, newline + b"interrupted again: stopping at once, without saving\n")
     os._exit(EXIT_INTERRUPTED)
+
+
+def exit_with(status: int) -> NoReturn:
+    """Exits the program with `status` (`sys.exit`), and makes a Ctrl-C from now on end it at
+    once with that status.
+
+    After `main` returns, Python still runs the clean-up that JAX, Orbax and others registered
+    with `atexit`; a SIGINT there would raise `KeyboardInterrupt` inside it, and Python would
+    print its traceback. Everything of the run is saved by then, so the process just ends
+    (output flushed), quietly. Where SIGINT is ignored, or off the main thread, nothing changes.
+    """
+
+    def handle(signum: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+        os._exit(status)
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, handle)
+    sys.exit(status)
+
+
+def _interrupt_at_exit() -> None:
+    """The test hook's point `exit`: a SIGINT handled inside an `atexit` callback."""
+    os.kill(os.getpid(), signal.SIGINT)
+    deadline = time.monotonic() + 10  # the handler runs between bytecodes of this loop
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _hook_points() -> dict[str, str]:
+    """The test hook's points, each with its mode (`""` or `"parent"`)."""
+    entries = [entry.partition(":") for entry in os.environ.get(TEST_HOOK, "").split(",") if entry]
+    return {point: mode for point, _, mode in entries}
+
+
+if "exit" in _hook_points():
+    atexit.register(_interrupt_at_exit)
 
 
 class InterruptFlag:
@@ -81,9 +141,10 @@ class InterruptFlag:
 
 def interrupt_point(name: str, interrupt: InterruptFlag) -> None:
     """Where tests can interrupt the program (see `TEST_HOOK`); nothing unless asked."""
-    point, _, mode = os.environ.get(TEST_HOOK, "").partition(":")
-    if not name or point != name:
+    points = _hook_points()
+    if not name or name not in points:
         return
+    mode = points[name]
     if mode == "parent":
         print(f"waiting for SIGINT at {name}", file=sys.stderr, flush=True)
         deadline = time.monotonic() + 60

@@ -36,7 +36,7 @@ from jax.experimental import multihost_utils
 
 import modopt
 from modopt.examples import _processes
-from modopt.examples._interrupts import EXIT_INTERRUPTED, InterruptFlag, interrupt_point
+from modopt.examples._interrupts import EXIT_INTERRUPTED, InterruptFlag, exit_with, interrupt_point, report
 
 BATCH_SIZE = 64
 MIN_ACCURACY = 0.90
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _job(args, _processes.agreed(interrupt))  # all processes stop at the same step
         except _Stop as stop:
-            print(stop.message, file=sys.stderr, flush=True)
+            report(stop.message)
             return stop.status
 
 
@@ -234,7 +234,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
                 message = "interrupted before the first step: nothing was trained or saved; the next run starts fresh."
             if step == total_steps:
                 message = f"interrupted after the last epoch: the run is complete and saved; {again} prints its test accuracy."
-            print(message, file=sys.stderr, flush=True)
+            report(message)  # on a line of its own, below the progress bar
             return EXIT_INTERRUPTED
 
         start = time.perf_counter()
@@ -389,4 +389,4 @@ def plot_history(history: dict, path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())  # a Ctrl-C during the clean-up at exit ends it quietly

@@ -462,7 +462,7 @@ class TrackPerElementMeanAndVarianceWithEma(AbstractTransform):
 
 
 def track_per_element_mean_and_variance_with_ema(
-    ema_decay: Any = 0.9,
+    ema_decay: Scalar = 0.9,
 ) -> TrackPerElementMeanAndVarianceWithEma:
     """Tracks moving averages of the gradients' mean and variance (see
     `TrackPerElementMeanAndVarianceWithEma`); `add_mean_variance_to_opt` puts it in place.
@@ -497,7 +497,7 @@ def get_unbiased_mean_and_variance_ema(state: Any) -> tuple[Any, Any]:
 
 
 def add_mean_variance_to_opt(
-    opt: Any, ema_decay: Any = 0.9, per_elt_axis: int | Sequence[int] = 0, accumulation_steps: int = 1
+    opt: Any, ema_decay: Scalar = 0.9, per_elt_axis: int | Sequence[int] = 0, accumulation_steps: int = 1
 ) -> Aggregator:
     """`opt` on the mean of per-element gradients, tracking their mean and variance.
 

@@ -11,9 +11,10 @@ import numpy as np
 
 from . import _inputs
 from .._fields import Scalar
+from jax.typing import ArrayLike
 
 
-def hinge_loss(predictor_outputs: Any, targets: Any) -> jax.Array:
+def hinge_loss(predictor_outputs: Any, targets: ArrayLike) -> jax.Array:
     r"""Hinge loss for binary classification with targets in {-1, +1}.
 
     $$\ell(s, y) = \max(0,\ 1 - s\, y)$$
@@ -40,7 +41,7 @@ def hinge_loss(predictor_outputs: Any, targets: Any) -> jax.Array:
     return jnp.maximum(0, 1 - scores * targets)
 
 
-def sigmoid_binary_cross_entropy(logits: Any, labels: Any) -> jax.Array:
+def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
     r"""Element-wise binary cross entropy of independent sigmoid probabilities.
 
     With `p = sigmoid(x)` the predicted probability of the positive class:
@@ -70,7 +71,7 @@ def sigmoid_binary_cross_entropy(logits: Any, labels: Any) -> jax.Array:
     return _sigmoid_cross_entropy("sigmoid_binary_cross_entropy", logits, labels)[0]
 
 
-def _sigmoid_cross_entropy(loss: str, logits: Any, labels: Any):
+def _sigmoid_cross_entropy(loss: str, logits: ArrayLike, labels: ArrayLike):
     """Checked element-wise sigmoid cross entropy, with `log sigmoid(+-x)` and the cast labels.
 
     Returns `(cross_entropy, log_p, log_not_p, labels)`, for the losses built on it.
@@ -83,7 +84,7 @@ def _sigmoid_cross_entropy(loss: str, logits: Any, labels: Any):
     return -labels * log_p - (1.0 - labels) * log_not_p, log_p, log_not_p, labels
 
 
-def _probability_labels(loss: str, labels: Any, logits: jax.Array) -> jax.Array:
+def _probability_labels(loss: str, labels: ArrayLike, logits: jax.Array) -> jax.Array:
     """Labels that are probabilities over the classes (floating), with a fix for index labels."""
     labels = _inputs.as_array(loss, "labels", labels)
     if jnp.issubdtype(labels.dtype, jnp.integer) and labels.ndim < logits.ndim:
@@ -97,7 +98,7 @@ def _probability_labels(loss: str, labels: Any, logits: jax.Array) -> jax.Array:
     return _inputs.floating(loss, "labels", labels, hint=hint)
 
 
-def softmax_cross_entropy(logits: Any, labels: Any, axis: Any = -1, where: Any = None) -> jax.Array:
+def softmax_cross_entropy(logits: ArrayLike, labels: ArrayLike, axis: Any = -1, where: ArrayLike | None = None) -> jax.Array:
     r"""Cross entropy between the softmax of `logits` and the distributions `labels`.
 
     For mutually exclusive classes (each example in exactly one class). Over the class axis:
@@ -131,7 +132,7 @@ def softmax_cross_entropy(logits: Any, labels: Any, axis: Any = -1, where: Any =
     return _cross_entropy("softmax_cross_entropy", logits, labels, axis, where)[0]
 
 
-def _cross_entropy(loss: str, logits: Any, labels: Any, axis: Any, where: Any):
+def _cross_entropy(loss: str, logits: ArrayLike, labels: ArrayLike, axis: Any, where: ArrayLike):
     """Checked softmax cross entropy, with the labels, softmax and mask it used.
 
     Returns `(cross_entropy, labels, log_probs, where)`, for the losses built on it.
@@ -149,7 +150,7 @@ def _cross_entropy(loss: str, logits: Any, labels: Any, axis: Any, where: Any):
 
 
 def softmax_cross_entropy_with_integer_labels(
-    logits: Any, labels: Any, axis: Any = -1, where: Any = None
+    logits: ArrayLike, labels: ArrayLike, axis: Any = -1, where: ArrayLike | None = None
 ) -> jax.Array:
     r"""Cross entropy between the softmax of `logits` and integer class labels.
 
@@ -223,7 +224,7 @@ def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
         return False
 
 
-def smooth_labels(labels: Any, alpha: Scalar, *, axis: Any = -1, where: Any = None) -> jax.Array:
+def smooth_labels(labels: ArrayLike, alpha: Scalar, *, axis: Any = -1, where: ArrayLike | None = None) -> jax.Array:
     r"""Label smoothing: mixes one-hot labels with the uniform distribution.
 
     With `K` classes along `axis`:
@@ -266,7 +267,7 @@ def smooth_labels(labels: Any, alpha: Scalar, *, axis: Any = -1, where: Any = No
     return (1.0 - alpha) * labels + alpha / num_classes
 
 
-def safe_softmax_cross_entropy(logits: Any, labels: Any) -> jax.Array:
+def safe_softmax_cross_entropy(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
     r"""Softmax cross entropy over the last axis, with `0 log 0 = 0` for `-inf` logits.
 
     $$\ell(x, y) = -\sum_j y_j \log \frac{e^{x_j}}{\sum_k e^{x_k}}$$
@@ -295,7 +296,7 @@ def safe_softmax_cross_entropy(logits: Any, labels: Any) -> jax.Array:
 
 
 def poly_loss_cross_entropy(
-    logits: Any, labels: Any, *, epsilon: Scalar = 2.0, axis: Any = -1, where: Any = None
+    logits: ArrayLike, labels: ArrayLike, *, epsilon: Scalar = 2.0, axis: Any = -1, where: ArrayLike | None = None
 ) -> jax.Array:
     r"""Poly-1 loss: softmax cross entropy plus `epsilon` times the first polynomial term.
 
@@ -333,7 +334,7 @@ def poly_loss_cross_entropy(
     return cross_entropy + epsilon * one_minus_pt
 
 
-def sigmoid_focal_loss(logits: Any, labels: Any, *, alpha: Scalar | None = None, gamma: Scalar = 2.0) -> jax.Array:
+def sigmoid_focal_loss(logits: ArrayLike, labels: ArrayLike, *, alpha: Scalar | None = None, gamma: Scalar = 2.0) -> jax.Array:
     r"""Focal loss: sigmoid cross entropy scaled down on well-classified examples.
 
     With `p = sigmoid(x)` and $p_t = y p + (1 - y)(1 - p)$ the probability given to the label:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ import numpy as np
 
 from . import _inputs
 from .._fields import Scalar
+from jax.typing import ArrayLike
 
 
 def _check_ctc(loss, logits, logit_paddings, labels, label_paddings, blank_id, log_epsilon):
@@ -140,10 +140,10 @@ def _recursion(logits, logit_paddings, labels, label_paddings, log_epsilon, *, b
 
 
 def ctc_loss_with_forward_probs(
-    logits: Any,
-    logit_paddings: Any,
-    labels: Any,
-    label_paddings: Any,
+    logits: ArrayLike,
+    logit_paddings: ArrayLike,
+    labels: ArrayLike,
+    label_paddings: ArrayLike,
     blank_id: int = 0,
     log_epsilon: Scalar = -1e5,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -206,10 +206,10 @@ def ctc_loss_with_forward_probs(
 
 
 def ctc_loss(
-    logits: Any,
-    logit_paddings: Any,
-    labels: Any,
-    label_paddings: Any,
+    logits: ArrayLike,
+    logit_paddings: ArrayLike,
+    labels: ArrayLike,
+    label_paddings: ArrayLike,
     blank_id: int = 0,
     log_epsilon: Scalar = -1e5,
 ) -> jax.Array:

@@ -11,9 +11,10 @@ import numpy as np
 
 from . import _inputs
 from .._fields import Scalar
+from jax.typing import ArrayLike
 
 
-def _distributions(loss: str, log_predictions: Any, targets: Any, axis: Any, where: Any):
+def _distributions(loss: str, log_predictions: ArrayLike, targets: ArrayLike, axis: Any, where: ArrayLike):
     """Checked `(log_predictions, targets, where)` for a divergence reduced over `axis`."""
     log_predictions = _inputs.floating(loss, "log_predictions", log_predictions)
     targets = _inputs.floating(
@@ -37,7 +38,7 @@ def _kl_terms(log_predictions: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.where(zero, jnp.zeros_like(targets), targets * (log_targets - log_predictions))
 
 
-def kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, where: Any = None) -> jax.Array:
+def kl_divergence(log_predictions: ArrayLike, targets: ArrayLike, axis: Any = -1, where: ArrayLike | None = None) -> jax.Array:
     r"""Kullback-Leibler divergence `KL(targets || predictions)`, predictions given as logs.
 
     With `q` the target distribution and `log p` the predicted log-probabilities:
@@ -72,7 +73,7 @@ def kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, where: Any
 
 
 def generalized_kl_divergence(
-    log_predictions: Any, targets: Any, axis: Any = -1, where: Any = None
+    log_predictions: ArrayLike, targets: ArrayLike, axis: Any = -1, where: ArrayLike | None = None
 ) -> jax.Array:
     r"""Generalized Kullback-Leibler divergence, for unnormalized non-negative measures.
 
@@ -104,7 +105,7 @@ def generalized_kl_divergence(
     return _generalized_kl("generalized_kl_divergence", log_predictions, targets, axis, where)
 
 
-def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, where: Any = None) -> jax.Array:
+def convex_kl_divergence(log_predictions: ArrayLike, targets: ArrayLike, axis: Any = -1, where: ArrayLike | None = None) -> jax.Array:
     r"""`generalized_kl_divergence` under its older name (deprecated in optax 0.2.8).
 
     $$D(q \,\|\, p) = \sum_j q_j (\log q_j - \log p_j) + \sum_j (p_j - q_j)$$
@@ -137,14 +138,14 @@ def convex_kl_divergence(log_predictions: Any, targets: Any, axis: Any = -1, whe
     return _generalized_kl("convex_kl_divergence", log_predictions, targets, axis, where)
 
 
-def _generalized_kl(loss: str, log_predictions: Any, targets: Any, axis: Any, where: Any) -> jax.Array:
+def _generalized_kl(loss: str, log_predictions: ArrayLike, targets: ArrayLike, axis: Any, where: ArrayLike) -> jax.Array:
     log_p, q, where = _distributions(loss, log_predictions, targets, axis, where)
     kl = jnp.sum(_kl_terms(log_p, q), axis=axis, where=where)
     return kl + jnp.sum(jnp.exp(log_p) - q, axis=axis, where=where)
 
 
 def kl_divergence_with_log_targets(
-    log_predictions: Any, log_targets: Any, axis: Any = -1, where: Any = None
+    log_predictions: ArrayLike, log_targets: ArrayLike, axis: Any = -1, where: ArrayLike | None = None
 ) -> jax.Array:
     r"""Kullback-Leibler divergence `KL(targets || predictions)`, both given as logs.
 
@@ -188,7 +189,7 @@ def kl_divergence_with_log_targets(
 
 
 def cosine_similarity(
-    predictions: Any, targets: Any, epsilon: Scalar = 0.0, *, axis: Any = -1, where: Any = None
+    predictions: ArrayLike, targets: ArrayLike, epsilon: Scalar = 0.0, *, axis: Any = -1, where: ArrayLike | None = None
 ) -> jax.Array:
     r"""Cosine of the angle between `predictions` and `targets`, vector by vector.
 
@@ -219,7 +220,7 @@ def cosine_similarity(
 
 
 def cosine_distance(
-    predictions: Any, targets: Any, epsilon: Scalar = 0.0, *, axis: Any = -1, where: Any = None
+    predictions: ArrayLike, targets: ArrayLike, epsilon: Scalar = 0.0, *, axis: Any = -1, where: ArrayLike | None = None
 ) -> jax.Array:
     r"""Cosine distance `1 - cosine_similarity(predictions, targets)`, vector by vector.
 
@@ -247,7 +248,7 @@ def cosine_distance(
     return 1.0 - _cosine("cosine_distance", predictions, targets, epsilon, axis, where)
 
 
-def _cosine(loss: str, predictions: Any, targets: Any, epsilon: Any, axis: Any, where: Any) -> jax.Array:
+def _cosine(loss: str, predictions: ArrayLike, targets: ArrayLike, epsilon: Any, axis: Any, where: ArrayLike) -> jax.Array:
     a = _inputs.floating(loss, "predictions", predictions)
     b = _inputs.floating(loss, "targets", targets)
     shape = _inputs.broadcast(loss, "predictions", a, "targets", b)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from ..projections import projection_simplex
 from . import _inputs
+from jax.typing import ArrayLike
 
 
 class FenchelYoungLoss(eqx.Module):
@@ -46,7 +47,7 @@ class FenchelYoungLoss(eqx.Module):
                 f"{type(self.max_fun).__name__}."
             )
 
-    def __call__(self, scores: Any, targets: Any, *args: Any, **kwargs: Any) -> jax.Array:
+    def __call__(self, scores: ArrayLike, targets: ArrayLike, *args: Any, **kwargs: Any) -> jax.Array:
         """The loss of `scores` against `targets`, reduced over their last axis.
 
         Args:
@@ -95,7 +96,7 @@ def make_fenchel_young_loss(max_fun: Any) -> FenchelYoungLoss:
     return FenchelYoungLoss(max_fun)
 
 
-def sparsemax_loss(logits: Any, labels: Any) -> jax.Array:
+def sparsemax_loss(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
     r"""Binary sparsemax loss: the Fenchel-Young loss of the sparse sigmoid.
 
     $$\ell(x, y) = \mathrm{sparse\_plus}(x) \text{ if } y = 0, \qquad
@@ -132,7 +133,7 @@ def sparsemax_loss(logits: Any, labels: Any) -> jax.Array:
 _sparsemax = jnp.vectorize(projection_simplex, signature="(n)->(n)")
 
 
-def multiclass_sparsemax_loss(scores: Any, labels: Any) -> jax.Array:
+def multiclass_sparsemax_loss(scores: ArrayLike, labels: ArrayLike) -> jax.Array:
     r"""Multiclass sparsemax loss: the Fenchel-Young loss of sparsemax (Gini entropy).
 
     With `p = sparsemax(s)` the Euclidean projection of the scores onto the probability

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._fields import is_concrete
+from jax.typing import ArrayLike
 
 
 def as_array(loss: str, name: str, value: Any) -> jax.Array:
@@ -70,7 +71,7 @@ def real(loss: str, name: str, value: Any, *, allow_bool: bool = True, hint: str
     return x
 
 
-def scores_and_signs(loss: str, predictor_outputs: Any, targets: Any) -> tuple[jax.Array, jax.Array]:
+def scores_and_signs(loss: str, predictor_outputs: Any, targets: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Checked floating `predictor_outputs` and real `targets` in {-1, +1} (booleans refused),
     for the binary margin losses (their shapes are checked by the caller)."""
     scores = floating(loss, "predictor_outputs", predictor_outputs)
@@ -147,7 +148,7 @@ def axes(loss: str, axis: Any, ndim: int, of: str, *, allow_none: bool = True) -
 
 
 def mask(
-    loss: str, where: Any, shape: tuple[int, ...], of: str, expand: tuple[int, ...] | None = None
+    loss: str, where: ArrayLike, shape: tuple[int, ...], of: str, expand: tuple[int, ...] | None = None
 ) -> jax.Array | None:
     """The boolean `where` mask for an array of `shape`, which it must broadcast to.
 
@@ -191,7 +192,7 @@ def number_in(loss: str, name: str, value: Any, description: str, ok: Any) -> No
         )
 
 
-def class_indices(loss: str, labels: Any, scores_name: str, scores: jax.Array) -> jax.Array:
+def class_indices(loss: str, labels: ArrayLike, scores_name: str, scores: jax.Array) -> jax.Array:
     """Integer class `labels` for `scores` of shape `[..., num_classes]`: labels of shape `[...]`.
 
     The labels' shape must broadcast to the shape of `scores` without its last (class) axis.

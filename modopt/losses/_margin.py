@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from . import _inputs
+from jax.typing import ArrayLike
 
 
-def perceptron_loss(predictor_outputs: Any, targets: Any) -> jax.Array:
+def perceptron_loss(predictor_outputs: Any, targets: ArrayLike) -> jax.Array:
     r"""Perceptron loss for binary classification with targets in {-1, +1}.
 
     $$\ell(s, y) = \max(0,\ -s\, y)$$
@@ -40,7 +41,7 @@ def perceptron_loss(predictor_outputs: Any, targets: Any) -> jax.Array:
     return jnp.maximum(0, -scores * targets)
 
 
-def _scores_and_one_hot(loss: str, scores: Any, labels: Any) -> tuple[jax.Array, jax.Array]:
+def _scores_and_one_hot(loss: str, scores: ArrayLike, labels: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Checked `scores` `[..., num_classes]` and the one-hot rows of the integer `labels` `[...]`.
 
     A label outside `[0, num_classes)` gives a row of zeros (its score counts as 0).
@@ -50,7 +51,7 @@ def _scores_and_one_hot(loss: str, scores: Any, labels: Any) -> tuple[jax.Array,
     return scores, jax.nn.one_hot(labels, scores.shape[-1], dtype=scores.dtype)
 
 
-def multiclass_hinge_loss(scores: Any, labels: Any) -> jax.Array:
+def multiclass_hinge_loss(scores: ArrayLike, labels: ArrayLike) -> jax.Array:
     r"""Multiclass hinge loss (Crammer-Singer): the margin violation of the best wrong class.
 
     With `c` the true class and a margin of 1 between it and every other class:
@@ -79,7 +80,7 @@ def multiclass_hinge_loss(scores: Any, labels: Any) -> jax.Array:
     return jnp.max(scores + 1.0 - one_hot, axis=-1) - jnp.sum(scores * one_hot, axis=-1)
 
 
-def multiclass_perceptron_loss(scores: Any, labels: Any) -> jax.Array:
+def multiclass_perceptron_loss(scores: ArrayLike, labels: ArrayLike) -> jax.Array:
     r"""Multiclass perceptron loss: how far the true class's score is below the best score.
 
     $$\ell(s, c) = \max_j s_j - s_c$$

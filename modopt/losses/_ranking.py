@@ -11,14 +11,15 @@ import jax
 import jax.numpy as jnp
 
 from . import _inputs
+from jax.typing import ArrayLike
 
 
 def ranking_softmax_loss(
-    logits: Any,
-    labels: Any,
+    logits: ArrayLike,
+    labels: ArrayLike,
     *,
-    where: Any = None,
-    weights: Any = None,
+    where: ArrayLike | None = None,
+    weights: ArrayLike | None = None,
     reduce_fn: Callable[..., Any] | None = jnp.mean,
 ) -> jax.Array:
     r"""Listwise softmax loss: cross entropy between the relevance labels and the softmax of the scores.

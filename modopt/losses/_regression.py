@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _inputs
+from jax.typing import ArrayLike
 
 
-def _errors(loss: str, predictions: Any, targets: Any, *, broadcast: bool) -> jax.Array:
+def _errors(loss: str, predictions: ArrayLike, targets: ArrayLike, *, broadcast: bool) -> jax.Array:
     """`predictions - targets` (`predictions` alone when `targets` is None), after checks."""
     predictions = _inputs.floating(loss, "predictions", predictions)
     if targets is None:
@@ -24,7 +25,7 @@ def _errors(loss: str, predictions: Any, targets: Any, *, broadcast: bool) -> ja
     return predictions - targets
 
 
-def squared_error(predictions: Any, targets: Any = None) -> jax.Array:
+def squared_error(predictions: ArrayLike, targets: ArrayLike | None = None) -> jax.Array:
     r"""Element-wise squared error, `(predictions - targets) ** 2`.
 
     $$\ell(p, y) = (p - y)^2$$
@@ -50,7 +51,7 @@ def squared_error(predictions: Any, targets: Any = None) -> jax.Array:
     return _errors("squared_error", predictions, targets, broadcast=False) ** 2
 
 
-def l2_loss(predictions: Any, targets: Any = None) -> jax.Array:
+def l2_loss(predictions: ArrayLike, targets: ArrayLike | None = None) -> jax.Array:
     r"""Half the element-wise squared error, `0.5 * (predictions - targets) ** 2`.
 
     $$\ell(p, y) = \tfrac{1}{2} (p - y)^2$$
@@ -76,7 +77,7 @@ def l2_loss(predictions: Any, targets: Any = None) -> jax.Array:
     return 0.5 * _errors("l2_loss", predictions, targets, broadcast=False) ** 2
 
 
-def huber_loss(predictions: Any, targets: Any = None, delta: Any = 1.0) -> jax.Array:
+def huber_loss(predictions: ArrayLike, targets: ArrayLike | None = None, delta: Any = 1.0) -> jax.Array:
     r"""Huber loss: quadratic for errors up to `delta`, linear beyond.
 
     With `e = predictions - targets`:
@@ -117,7 +118,7 @@ _LOG_COSH_SWITCH = 1.0
 _LOG_2 = float(np.log(2.0))  # a Python float, weakly typed: keeps the dtype of the errors
 
 
-def log_cosh(predictions: Any, targets: Any = None) -> jax.Array:
+def log_cosh(predictions: ArrayLike, targets: ArrayLike | None = None) -> jax.Array:
     r"""Log-cosh loss `log(cosh(predictions - targets))`, a smooth Huber-like loss.
 
     $$\ell(e) = \log\cosh e \approx \begin{cases} e^2 / 2 & |e| \ll 1 \\

@@ -11,13 +11,14 @@ import numpy as np
 from .._fields import is_concrete
 from . import _inputs
 from .._fields import Scalar
+from jax.typing import ArrayLike
 
 _REDUCTIONS = ("mean", "sum", "none")
 
 
 def dice_loss(
-    predictions: Any,
-    targets: Any,
+    predictions: ArrayLike,
+    targets: ArrayLike,
     *,
     class_weights: Any = None,
     smooth: Scalar = 1.0,
@@ -94,7 +95,7 @@ def dice_loss(
 
 
 def binary_dice_loss(
-    predictions: Any, targets: Any, *, smooth: Scalar = 1.0, apply_sigmoid: bool = True
+    predictions: ArrayLike, targets: ArrayLike, *, smooth: Scalar = 1.0, apply_sigmoid: bool = True
 ) -> jax.Array:
     r"""Dice loss of a binary (foreground/background) segmentation.
 
@@ -135,8 +136,8 @@ def binary_dice_loss(
 
 
 def multiclass_generalized_dice_loss(
-    predictions: Any,
-    targets: Any,
+    predictions: ArrayLike,
+    targets: ArrayLike,
     *,
     smooth: Scalar = 1.0,
     apply_softmax: bool = True,
@@ -200,7 +201,7 @@ def multiclass_generalized_dice_loss(
     return jnp.mean(per_class)
 
 
-def _inputs_with_class_axis(loss: str, predictions: Any, targets: Any) -> tuple[jax.Array, jax.Array]:
+def _inputs_with_class_axis(loss: str, predictions: ArrayLike, targets: ArrayLike) -> tuple[jax.Array, jax.Array]:
     """Checked predictions and targets, a missing class axis of size 1 added to one of them."""
     predictions = _inputs.floating(loss, "predictions", predictions)
     targets = _inputs.real(loss, "targets", targets)

@@ -11,9 +11,10 @@ import numpy as np
 from . import _inputs
 from ._divergence import cosine_similarity
 from .._fields import Scalar
+from jax.typing import ArrayLike
 
 
-def ntxent(embeddings: Any, labels: Any, temperature: Any = 0.07) -> jax.Array:
+def ntxent(embeddings: ArrayLike, labels: ArrayLike, temperature: Any = 0.07) -> jax.Array:
     r"""Normalized temperature-scaled cross entropy (NT-Xent), the contrastive loss of SimCLR.
 
     With $s_{ij} = \cos(e_i, e_j) / \tau$, each positive pair `(i, j)` (same label, `i != j`)
@@ -71,9 +72,9 @@ def ntxent(embeddings: Any, labels: Any, temperature: Any = 0.07) -> jax.Array:
 
 
 def triplet_margin_loss(
-    anchors: Any,
-    positives: Any,
-    negatives: Any,
+    anchors: ArrayLike,
+    positives: ArrayLike,
+    negatives: ArrayLike,
     axis: int = -1,
     norm_degree: Scalar = 2,
     margin: Scalar = 1.0,

@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from .._fields import Scalar
+
 
 def flatten(tree: Any) -> list[Any]:
     """The leaves of a trax weight tree, in trax's order (dicts by insertion order)."""
@@ -82,7 +84,7 @@ def l2_norm(tree: Any) -> jnp.ndarray:
     return l2_norm_of_leaves([jnp.asarray(x) for x in flatten(tree)])
 
 
-def clip_grads(grad_tree: Any, max_norm: Any) -> Any:
+def clip_grads(grad_tree: Any, max_norm: Scalar) -> Any:
     """`grad_tree` rescaled so that its global L2 norm is at most `max_norm`.
 
     trax's `base.clip_grads`: with `n = l2_norm(grad_tree)`, each gradient is kept when

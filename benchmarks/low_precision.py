@@ -13,8 +13,9 @@ with `--size tiny` for a quick look (writes nothing unless `--out`). Variants:
 For each: the optimizer's memory, measured on the real arrays (state plus compensation, per
 memory kind) and per parameter; the step time against float32 AdamW, as medians of
 interleaved runs (the digits train step, and `Optimizer.step` alone on a model of about 12.6M
-parameters); and the test accuracy of the digits main job (`modopt.examples.digits`, its
-model, schedule, AdamW, batches and epochs), over several seeds.
+parameters, `--big LAYERS WIDTH` for another size); and the test accuracy of the digits main job (`modopt.examples.digits`, its
+model, schedule, AdamW, batches and epochs), over several seeds, as the job runs and with its
+schedule's peak learning rate lowered to `SMALL_LR`, where bfloat16 rounding loses most updates.
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ VARIANTS = {
     "float32 AdamW, state on host": {"state_memory_kind": "pinned_host"},
 }
 SIZES = {
-    "full": {"seeds": (0, 1, 2), "epochs": 10, "big": (4, 1792), "rounds": 9, "steps": 20},
-    "tiny": {"seeds": (0,), "epochs": 1, "big": (2, 256), "rounds": 3, "steps": 5},
+    "full": {"seeds": (0, 1, 2), "epochs": 10, "big": (4, 1792), "rounds": 9, "steps": 20, "big_steps": 5},
+    "tiny": {"seeds": (0,), "epochs": 1, "big": (2, 256), "rounds": 3, "steps": 5, "big_steps": 2},
 }
+SMALL_LR = 1e-4
+"""The job's schedule peaks at 3e-3; at this peak most bfloat16 updates fall below half a
+spacing (the regime of a long run's end, or of fine-tuning), where rounding to nearest loses them."""
 
 
 def cast(model, dtype):
@@ -78,15 +82,18 @@ def memory(optimizer: modopt.Optimizer, parameters: int) -> dict:
 # ---- digits ------------------------------------------------------------------------------
 
 
-def digits_run(variant: str, seed: int, epochs: int, data=None):
+def digits_run(variant: str, seed: int, epochs: int, data=None, peak_lr: float | None = None):
     """The main job's training (its model, optimizer, batches), with `variant`'s parameters and
-    options: returns (model, optimizer, batches, test accuracy)."""
+    options (and another peak learning rate, if given): returns (model, optimizer, batches,
+    test accuracy)."""
     dtype = VARIANTS[variant].get("dtype")
     x_train, y_train, x_test, y_test = data or digits.load_data(seed)
     steps_per_epoch = len(x_train) // digits.BATCH_SIZE
     model, job_optimizer = digits._model_and_optimizer(seed, epochs * steps_per_epoch)
     model = cast(model, dtype)
     optimizer = optimizer_for(variant, job_optimizer.tx, model, seed)
+    if peak_lr is not None:
+        optimizer = optimizer.set(peak_value=peak_lr)  # the schedule's peak, by name
     batches = []
     for epoch in range(1, epochs + 1):
         order = digits._order(seed, epoch, len(x_train))
@@ -142,7 +149,9 @@ def optimizer_step(params, optimizer, grads):
 def big_model(layers: int, width: int, dtype) -> tuple[dict, dict]:
     keys = jax.random.split(jax.random.key(0), 2 * layers)
     params = {f"w{i}": jax.random.normal(keys[i], (width, width), dtype) * 0.02 for i in range(layers)}
-    grads = {f"w{i}": jax.random.normal(keys[layers + i], (width, width), dtype) * 1e-3 for i in range(layers)}
+    grads = {
+        f"w{i}": jax.random.normal(keys[layers + i], (width, width), dtype) * 1e-3 for i in range(layers)
+    }
     return params, grads
 
 
@@ -157,7 +166,9 @@ def big_model_results(layers: int, width: int, rounds: int, repeats: int) -> dic
 
         def run(state=state, grads=grads):
             for _ in range(repeats):
-                state["params"], state["optimizer"] = optimizer_step(state["params"], state["optimizer"], grads)
+                state["params"], state["optimizer"] = optimizer_step(
+                    state["params"], state["optimizer"], grads
+                )
             jax.block_until_ready(state["params"])
 
         steps[variant] = run
@@ -171,26 +182,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--seeds", type=int, nargs="*", help="digits seeds (default: the size's)")
-    parser.add_argument("--epochs", type=int, help="digits epochs (default: the size's; the job's default is 10)")
-    parser.add_argument("--out", help="directory for low_precision.txt and .json (default: benchmarks/ for --size full)")
+    parser.add_argument(
+        "--epochs", type=int, help="digits epochs (default: the size's; the job's default is 10)"
+    )
+    parser.add_argument(
+        "--big", type=int, nargs=2, metavar=("LAYERS", "WIDTH"), help="the step-alone model's size"
+    )
+    parser.add_argument(
+        "--out", help="directory for low_precision.txt and .json (default: benchmarks/ for --size full)"
+    )
     args = parser.parse_args(argv)
     size = SIZES[args.size]
     seeds, epochs = tuple(args.seeds or size["seeds"]), args.epochs or size["epochs"]
     out = args.out or (HERE if args.size == "full" else None)
 
     accuracy: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    small_lr_accuracy: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     trained = {}
     for seed in seeds:
         data = digits.load_data(seed)
         for variant in VARIANTS:
             run = digits_run(variant, seed, epochs, data)
             accuracy[variant].append(run[3])
+            small_lr_accuracy[variant].append(digits_run(variant, seed, epochs, data, SMALL_LR)[3])
             if seed == seeds[0]:
                 trained[variant] = run
     parameters = sum(x.size for x in jax.tree.leaves(eqx.filter(trained[BASELINE][0], eqx.is_inexact_array)))
     digits_memory = {variant: memory(run[1], parameters) for variant, run in trained.items()}
     digits_times = digits_step_times(trained, size["rounds"], size["steps"])
-    big = big_model_results(*size["big"], size["rounds"], size["steps"])
+    big = big_model_results(*(args.big or size["big"]), size["rounds"], size["big_steps"])
 
     results = {
         "device": str(jax.devices()[0].device_kind),
@@ -201,6 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
         "digits": {
             "parameters": parameters,
             "accuracy": accuracy,
+            "small_lr": SMALL_LR,
+            "small_lr_accuracy": small_lr_accuracy,
             "memory": digits_memory,
             "step_seconds": digits_times,
         },
@@ -219,28 +241,32 @@ def main(argv: list[str] | None = None) -> dict:
 def report(results: dict) -> str:
     d, big = results["digits"], results["big"]
     base_digits, base_big = d["step_seconds"][BASELINE], big["step_seconds"][BASELINE]
+    big_step = f"{big['parameters'] / 1e6:.1f}M step"
+    small_lr = f"at peak lr {d['small_lr']:g}"
     lines = [
         f"bfloat16 parameters and host offload vs float32 AdamW ({results['device']}, jax {results['jax']})",
-        f"digits main job: {d['parameters']:,} parameters, {results['epochs']} epochs, seeds {results['seeds']}; "
-        f"step alone: {big['parameters']:,} parameters",
+        f"digits main job: {d['parameters']:,} parameters, {results['epochs']} epochs, seeds {results['seeds']}, "
+        f"its schedule (peak lr 3e-3) and {small_lr}; step alone: {big['parameters']:,} parameters",
         "",
-        f"{'variant':34s} {'state B/param':>13s} {'host B/param':>12s} {'digits step':>11s} {'12.6M step':>10s} "
-        f"{'digits accuracy (mean; per seed)':>36s}",
+        f"{'variant':34s} {'state B/param':>13s} {'host B/param':>12s} {'digits step':>11s} {big_step:>11s}  "
+        f"{'digits accuracy (mean; per seed)':34s} {small_lr}",
     ]
     for variant in VARIANTS:
         memory = big["memory"][variant]
         host = memory["by_memory_kind"].get("pinned_host", 0) / big["parameters"]
-        acc = d["accuracy"][variant]
-        per_seed = ", ".join(f"{100 * a:.2f}" for a in acc)
+        accuracies = [
+            f"{100 * np.mean(acc):6.2f}% ({', '.join(f'{100 * a:.2f}' for a in acc)})"
+            for acc in (d["accuracy"][variant], d["small_lr_accuracy"][variant])
+        ]
         lines.append(
             f"{variant:34s} {memory['per_parameter']:13.2f} {host:12.2f} "
-            f"{d['step_seconds'][variant] / base_digits:10.2f}x {big['step_seconds'][variant] / base_big:9.2f}x "
-            f"{100 * np.mean(acc):12.2f}% ({per_seed})"
+            f"{d['step_seconds'][variant] / base_digits:10.2f}x {big['step_seconds'][variant] / base_big:10.2f}x  "
+            f"{accuracies[0]:34s} {accuracies[1]}"
         )
     lines.append("")
     lines.append(
-        f"float32 AdamW step: digits {1e3 * base_digits:.3f} ms, {big['parameters'] / 1e6:.1f}M parameters "
-        f"{1e3 * base_big:.2f} ms (medians of interleaved runs)"
+        f"float32 AdamW step: digits {1e3 * base_digits:.3f} ms, {big_step} {1e3 * base_big:.2f} ms "
+        "(medians of interleaved runs)"
     )
     return "\n".join(lines)
 

@@ -243,15 +243,14 @@ class Optimizer(eqx.Module):
         step = int(self.count) if is_concrete(self.count) else "traced"
         sharded = "" if self.layout is None else f",\n  sharded on a mesh of shape {dict(self.layout.mesh.shape)}"
         grouped = "" if self.groups is None else f",\n  {self.groups.describe()}"
-        if self.state_memory_kind is not None:
-            grouped += f",\n  state kept in {self.state_memory_kind} memory"
+        options = "" if self.state_memory_kind is None else f",\n  state kept in {self.state_memory_kind} memory"
         if self.compensation is not None:
-            grouped += f",\n  compensation={type(self.compensation).__name__}"
+            options += f",\n  compensation={type(self.compensation).__name__}"
         return (
             f"Optimizer(\n  tx={tx},\n  step={step},\n"
             f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers ({_bytes(size)}),\n"
             f"  trains {len(trained)} of {len(self.signature.leaves)} model leaves "
-            f"({sum(int(np.prod(leaf.shape)) for leaf in trained):,} numbers){sharded}{grouped}\n)"
+            f"({sum(int(np.prod(leaf.shape)) for leaf in trained):,} numbers){sharded}{grouped}{options}\n)"
         )
 
     # ---- hyperparameters -------------------------------------------------------------

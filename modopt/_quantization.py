@@ -108,9 +108,9 @@ def block_layout(shape: tuple[int, ...], block_size: int) -> tuple[tuple[int, ..
 
 
 class QuantizedArray(eqx.Module):
-    """An array stored in 8 bits per element, block-wise (see `quantize_blockwise`).
+    """An array stored in 8 bits per element, block-wise (made by `quantize_blockwise`).
 
-    Attributes:
+    Args:
         codes: one `uint8` per element, with the array's shape: the index of the element's
             value in its block's table (sorted, 256 values in [-1, 1]).
         scales: one `float32` per block, shape `(*lead, blocks)` (see `block_layout`): the

@@ -111,3 +111,24 @@ def test_bad_configurations_are_named():
     # A history (L-BFGS) is not a per-element moment: refused with its path.
     with pytest.raises(ValueError, match=r"ScaleByLBFGS at inner_state\.diff_params_memory\['w'\] \(shape \(10, 64, 128\)\)"):
         modopt.quantized_state(modopt.scale_by_lbfgs()).init({"w": jnp.zeros((64, 128))})
+
+
+def test_state_memory_benchmark_smoke_run(tmp_path):
+    """benchmarks/state_memory.py at its tiny size: every part measured, the table and files
+    written (structure only; the numbers are the full run's)."""
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import state_memory
+
+    results = state_memory.main(["--size", "tiny", "--out", str(tmp_path)])
+    names = state_memory.SIZES["tiny"]["variants"]
+    model = results["model"]
+    assert set(model["state_bytes"]) == set(model["step_seconds"]) == set(results["digits"]["accuracy"]) == set(names)
+    assert all(model["step_seconds"][name] > 0 for name in names)
+    assert model["state_bytes"][names[1]] <= 0.3 * model["state_bytes"][names[0]]  # 8-bit against float32
+    table = (tmp_path / "state_memory.txt").read_text()
+    assert all(name in table for name in names)
+    assert set(json.loads((tmp_path / "state_memory.json").read_text())) == set(results)

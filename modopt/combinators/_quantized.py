@@ -67,7 +67,9 @@ class QuantizedState(AbstractWrapper):
             is bitsandbytes' `min_8bit_size`.
         quantization: the tables, "dynamic" (dynamic tree quantization, the 8-bit optimizers'
             table: about two significant digits for large and small values of a block alike)
-            or "linear" (static).
+            or "linear" (static). Linear tables round a second moment's small values to zero,
+            whose steps then blow up: on the digits job linear 8-bit AdamW lost 15 to 26 points
+            of accuracy where dynamic lost none; keep "linear" for states without small values.
 
     Example:
         >>> tx = modopt.quantized_state(modopt.adamw(1e-3, weight_decay=0.01))

@@ -1,0 +1,52 @@
+"""The optimizers beyond optax train on 8 simulated devices and their state restores across meshes.
+
+One subprocess (`beyond_optax_mesh_worker.py`, where the device count is set before jax is
+imported) runs every optimizer: `K` steps on a 2 x 4 mesh, an Orbax checkpoint, a restore onto
+the same layout (resumes bit for bit) and onto a 4 x 2 mesh with other axes, other parameter
+splits and ZeRO-1 (every restored leaf where `modopt.sharding.shardings` puts it; resumes
+within the float32 rounding of the other mesh's reduction order, bounds in the worker's
+`TOLERANCE`). Each optimizer's test reads its own lines of that one run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+WORKER = os.path.join(os.path.dirname(__file__), "beyond_optax_mesh_worker.py")
+NAMES = ["soap", "shampoo", "kron", "adam_mini", "mars", "laprop", "normuon", "adamuon", "muon", "cautious_adamw"]
+TIMEOUT = 600  # ~50 s of CPU; the rest is room for a machine shared with other work
+
+
+@pytest.fixture(scope="module")
+def worker_output(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("beyond_optax_meshes")
+    try:
+        result = subprocess.run(
+            [sys.executable, WORKER, str(directory), *NAMES], capture_output=True, text=True, timeout=TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"beyond_optax_mesh_worker.py did not finish in {TIMEOUT} s (a collective deadlock?)")
+    return result
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_trains_sharded_and_resumes_on_another_mesh(worker_output, name):
+    """Restored onto the same layout: N steps straight, bit for bit. Onto another mesh with
+    ZeRO-1: every leaf placed as the target layout asks, and the same numbers within tolerance."""
+    output = worker_output.stdout
+    failure = re.search(rf"^FAIL {name}: .*?(?=^ok |^FAIL |\Z)", output, re.MULTILINE | re.DOTALL)
+    assert failure is None, failure.group(0)
+    for layout in ("A", "B"):
+        assert re.search(rf"^ok {name} {layout}: ", output, re.MULTILINE), (
+            f"no result for {name} on {layout}:\n{output[-2000:]}\n{worker_output.stderr[-4000:]}"
+        )
+    assert f"ok {name} A: bit for bit" in output
+
+
+def test_worker_exits_cleanly(worker_output):
+    assert worker_output.returncode == 0, f"{worker_output.stdout[-2000:]}\n{worker_output.stderr[-4000:]}"

@@ -117,6 +117,27 @@ def test_memory_plan_splits_bytes_by_memory_kind():
     assert plan(real, memory_kind=HOST) == measured[HOST]
 
 
+def test_quantized_state_offloaded_and_planned():
+    """8-bit state (`quantized_state`) kept on the host: its codes (1 byte an element) and block
+    scales (4 bytes per 256 elements of a row) are what the plan counts there, before and
+    after steps."""
+    tx = modopt.quantized_state(modopt.adam(1e-2), min_size=0)
+    params = {"w": jax.random.normal(jax.random.key(0), (16, 256)), "b": jnp.ones(8)}
+    make = lambda p: modopt.Optimizer(tx, p, state_memory_kind=HOST)  # noqa: E731
+    abstract = jax.eval_shape(make, params)
+    mesh = jax.make_mesh((1,), ("model",))
+    placed = modopt.sharding.shardings(abstract, {"w": jax.P(None, "model"), "b": jax.P()}, mesh=mesh)
+    moment = 16 * 256 + 8 + 4 * (16 + 1)  # codes, then one float32 scale per block
+    assert modopt.sharding.bytes_per_device(abstract, placed, memory_kind=HOST) == 2 * moment + 4
+    grads = {k: jax.random.normal(jax.random.key(1), p.shape) for k, p in params.items()}
+    step = jax.jit(lambda p, o: o.step(p, grads), donate_argnums=(0, 1))
+    p, optimizer = step(*step(jax.tree.map(jnp.copy, params), make(params)))
+    assert kinds(optimizer.state) == {HOST}
+    assert modopt.sharding.bytes_per_device(optimizer.state, memory_kind=HOST) == 2 * moment + 4
+    # The moments moved: the 8-bit state was updated on the device and put back.
+    assert np.any(np.asarray(optimizer.state.inner_state[0].mu["w"].codes) != 0)
+
+
 def test_offloaded_optimizer_resumes_bit_exactly_onto_the_host(tmp_path):
     """Saved from host memory and restored into an offloaded target: the state is back in
     pinned host memory, and 2 + 2 steps equal 4 straight."""

@@ -496,7 +496,7 @@ def _abstract(x: Any, saved: Leaf) -> Any:
         return jax.ShapeDtypeStruct(tuple(saved.shape), np.dtype(saved.dtype))
     sharding = getattr(x, "sharding", None)
     if sharding is None:
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])  # this process's first
     if saved.kind == "key":
         shape = tuple(saved.shape) + tuple(jax.random.key_data(jax.random.key(0, impl=saved.impl)).shape)
         return jax.ShapeDtypeStruct(shape, jnp.uint32, sharding=_key_data_sharding(sharding, len(shape)))
@@ -551,9 +551,14 @@ def _array_like(value: Any, x: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value
     value = _owned(value)
-    if isinstance(x, (bool, int, float)) or (getattr(x, "weak_type", False) and value.ndim == 0):
-        # Hyperparameters are weakly typed (bf16 * lr stays bf16), and so is a Python number
-        # under `jit` (a fresh Flax TrainState's `step=0`); Orbax forgets it.
+    if isinstance(x, (bool, int, float)):
+        # A Python number (a fresh Flax TrainState's `step=0`) is weakly typed under `jit`, and
+        # on no device in particular: it goes with arrays on any mesh, of any process. So is
+        # the restored value (uncommitted), not on the device it was read to.
+        weak = jnp.asarray(value.item())
+        return weak if weak.dtype == value.dtype else jnp.asarray(np.asarray(value))
+    if getattr(x, "weak_type", False) and value.ndim == 0:
+        # Hyperparameters are weakly typed (bf16 * lr stays bf16); Orbax forgets it.
         return _weak(value)
     return value
 

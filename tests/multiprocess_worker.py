@@ -217,7 +217,7 @@ def checkpoints(run: Run) -> None:
     def save(step, params, optimizer):
         if step == KILLED_AT:
             kill_mid_save(manager, step, params, optimizer)
-        manager.save(step, params=params, optimizer=optimizer)
+        manager.save(step, params=params, optimizer=optimizer, progress={"step": optimizer.count})
         log(f"saved step {step}")
         if step == 1:
             lock_checks(manager, lock, pids)
@@ -272,7 +272,7 @@ def kill_mid_save(manager: CheckpointManager, step: int, params, optimizer) -> N
             return unique_key(key)
 
         multihost._unique_barrier_key = die_at_commit
-    manager.save(step, params=params, optimizer=optimizer)
+    manager.save(step, params=params, optimizer=optimizer, progress={"step": optimizer.count})
     log(f"saving step {step}, waiting to be killed")
     print("waiting to be killed", flush=True)
     manager.wait_until_finished()  # process 0 never gets past this
@@ -295,16 +295,21 @@ def resume() -> None:
     for zero in (False, True):
         params = run.params()
         optimizer = run.optimizer(params, zero)
-        restored = manager.restore(params=params, optimizer=optimizer)
+        # A Python number in the target (as in a fresh Flax TrainState) takes the saved count.
+        restored = manager.restore(params=params, optimizer=optimizer, progress={"step": 0})
         assert_leaves(gathered((restored["params"], restored["optimizer"])), expected, f"step {latest} (zero={zero})", None)
         for (path, a), b in zip(
             jax.tree_util.tree_leaves_with_path(restored["optimizer"]), jax.tree.leaves(optimizer)
         ):
             assert a.sharding.is_equivalent_to(b.sharding, a.ndim), (jax.tree_util.keystr(path), a.sharding, b.sharding)
+        count = restored["progress"]["step"]
+        assert count.weak_type and int(count) == latest, count
+        # It goes with the global arrays into a jitted step (it is on no device in particular).
+        assert int(jax.jit(lambda p, c: c + 0 * p["scale"].astype(jnp.int32))(restored["params"], count)) == latest
     ok(f"step {latest} restored in {PROCESSES} processes, bit-exact, on the ZeRO-1 and the plain layout")
 
     def save(step, params, optimizer):
-        manager.save(step, params=params, optimizer=optimizer)
+        manager.save(step, params=params, optimizer=optimizer, progress={"step": optimizer.count})
         if step == latest + 1:
             with open(lock) as file:
                 assert json.load(file)["pid"] == pids[0]

@@ -341,8 +341,12 @@ class CheckpointManager:
         except (KeyError, TypeError) as error:
             raise CheckpointError(f"The record of {name!r} at step {step} is garbled: {error!r}.") from None
         targets = leaves_of(like)
-        holds = _kind(saved_item.get("type"), saved_item.get("summary"))
-        differences = mismatch(saved, targets, holds, _kind(type(like).__name__, _summary(like)))
+        summary = saved_item.get("summary")
+        saved_tx = summary.get("transform") if isinstance(summary, dict) else None
+        target_tx = getattr(like, "tx", None)
+        holds = _kind(saved_item.get("type"), saved_tx)
+        is_ = _kind(type(like).__name__, None if target_tx is None else type(target_tx).__name__)
+        differences = mismatch(saved, targets, holds, is_)
         if differences and "['grouped']" in differences:
             differences += (
                 " (one of the two optimizers keeps small leaves in grouped buffers and the other does not: "
@@ -676,11 +680,11 @@ def _plain(value: Any) -> Any:
     return None
 
 
-def _kind(type_name: Any, summary: Any) -> str:
-    """What an item is, for a mismatch's summary: "an Optimizer of Adam", "an MLP"."""
+def _kind(type_name: Any, transform: Any) -> str:
+    """What an item is, for a mismatch's summary: "an Optimizer of Adam", "an MLP"; `transform`
+    is the description of its transform (the type first), if it has one."""
     name = str(type_name)
     kind = f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-    transform = summary.get("transform") if isinstance(summary, dict) else None
     if isinstance(transform, str):
         head = re.match(r"\w+", transform)  # the type of the transform, without its fields
         kind += f" of {head.group(0) if head else transform}"

@@ -143,7 +143,9 @@ class NnxOptimizer(nnx.Pytree):
     The transform sees the pure state of those variables (an `nnx.State` of arrays), so a mask
     or partition labels in `tx` are a tree of that shape, e.g.
     `jax.tree.map(lambda p: p.ndim > 1, nnx.as_pure(nnx.state(model, nnx.Param)))`, or a
-    function of it; a plain dict is an error naming the difference.
+    function of it; a plain dict is an error naming the difference. `modopt.weight_decay_mask`
+    is such a function: it leaves out biases and Flax's normalization layers by their leaf
+    names (`bias`, `scale`), the module types being gone from that state.
 
     With `shardings=` (the parameters' shardings, e.g. `param_shardings(nnx.state(model,
     nnx.Param), mesh)`), the optimizer state is created directly on the shardings each

@@ -228,10 +228,8 @@ class CheckpointManager:
         a full disk), which hold disk space, where no writer holds the directory (no save is in
         flight then). They are listed before the lock is read: a writer that starts meanwhile
         writes files of another name."""
-        if jax.process_index() != 0:
-            return
         leftovers = _unfinished(self.directory)
-        if not leftovers:
+        if not leftovers or jax.process_index() != 0:
             return
         owner, age = _read(self._lock.path)
         if owner is None or _abandoned(owner, age):

@@ -325,6 +325,38 @@ def resume() -> None:
     multihost_utils.sync_global_devices("closed")
     assert not os.path.exists(lock)
     ok(f"resumed at step {latest}, the lock taken over; step {STEPS} equals the straight run bit for bit")
+    namespace = run_pod_example(os.path.join(DIRECTORY, "pod"))
+    assert int(namespace["optimizer"].count) == 10 and namespace["model"].layers[0].weight.sharding.spec == P("model")
+    ok("the pods page's example trains and saves in 2 processes")
+
+
+def pod_example() -> str:
+    """The Python block of `docs/api/pods.md`."""
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "api", "pods.md")) as file:
+        (block,) = re.findall(r"```python\n(.*?)```", file.read(), re.DOTALL)
+    return block
+
+
+def run_pod_example(directory: str) -> dict:
+    """Runs the pods page's example as `pod.py PROCESS_ID PROCESSES` in `directory`, in this
+    process (its `jax.distributed.initialize` is this run's: already done); its variables."""
+    initialize, argv, cwd = jax.distributed.initialize, sys.argv, os.getcwd()
+
+    def initialized(coordinator_address, num_processes, process_id):
+        assert (num_processes, process_id) == (PROCESSES, PROCESS_ID)
+
+    os.makedirs(directory, exist_ok=True)
+    jax.distributed.initialize, sys.argv = initialized, ["pod.py", str(PROCESS_ID), str(PROCESSES)]
+    os.chdir(directory)
+    try:
+        namespace: dict = {"__name__": "pod"}
+        exec(compile(pod_example(), "docs/api/pods.md", "exec"), namespace)
+    finally:
+        jax.distributed.initialize, sys.argv = initialize, argv
+        os.chdir(cwd)
+    return namespace
 
 
 def reference(step: int, directory: str = "") -> list[np.ndarray]:

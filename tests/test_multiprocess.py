@@ -11,7 +11,8 @@ of the pair share every check (each launch costs two JAX start-ups):
 2. `resume`: a restart of both, as a pod restarts every host: restores step 3 (bit-exact, on
    two layouts), takes the dead run's lock over, trains to step 6: bit-exact on the straight run.
 
-Between the two, this process restores the checkpoint alone, on one device. Every wait has a
+Between the two, this process restores the checkpoint alone, on one device; after them, it runs
+the example of docs/api/pods.md, which resumes what the example saved in the `resume` launch. Every wait has a
 timeout, after which every process of the pair is killed and the test fails with their output.
 """
 
@@ -98,6 +99,7 @@ def run(tmp_path_factory):
     statuses, outputs = launch("resume", directory, grace=5.0)
     results["resume"] = outputs
     assert statuses == [0, 0], f"{statuses}\n{shown(outputs)}"
+    results["pod here"] = pod_example_in_this_process(directory / "pod")
     yield results
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -119,6 +121,17 @@ def restore_in_this_process(checkpoints, step: int, directory) -> str:
     for i, (a, b) in enumerate(zip(leaves, expected)):
         assert a.dtype == b.dtype and np.array_equal(a, b), f"leaf {i} of step {step} restored in 1 process differs"
     return f"ok step {step} restored in 1 process, bit-exact"
+
+
+def pod_example_in_this_process(directory) -> tuple[dict, str]:
+    """The pods page's example, run again as `pod.py 0 1`: it resumes the checkpoint its run in
+    2 processes saved; its variables and output."""
+    from multiprocess_worker import run_pod_example
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        namespace = run_pod_example(str(directory))
+    return namespace, out.getvalue()
 
 
 def lines(outputs: list[str], what: str) -> list[str]:
@@ -160,6 +173,18 @@ def test_restart_in_two_processes_resumes_bit_exact(run):
     run, trained on: the straight run's parameters and optimizer, bit for bit."""
     assert len(lines(run["resume"], "step 3 restored in 2 processes, bit-exact")) == 2, shown(run["resume"])
     assert len(lines(run["resume"], "resumed at step 3, the lock taken over")) == 2, shown(run["resume"])
+
+
+def test_pods_page_example_in_two_processes_then_one(run):
+    """The example of docs/api/pods.md trains 10 steps in 2 processes and saves; run again in one
+    process, it resumes from that checkpoint: 10 steps more, a lower loss."""
+    assert len(lines(run["resume"], "the pods page's example trains and saves in 2 processes")) == 2, shown(run["resume"])
+    first = re.search(r"^step 10: loss ([0-9.]+)$", run["resume"][0], re.MULTILINE)
+    namespace, out = run["pod here"]
+    second = re.search(r"^step 20: loss ([0-9.]+)$", out, re.MULTILINE)
+    assert first and second, (run["resume"][0][-2000:], out)
+    assert int(namespace["optimizer"].count) == 20
+    assert float(second.group(1)) < float(first.group(1))
 
 
 def test_main_job_in_two_processes_ends_as_in_one(tmp_path):

@@ -5,9 +5,9 @@ Each contender is the optimizer's update on the parameters of the digits main jo
 transform as an argument, so a new learning rate does not retrace), with the gradient of the
 job's loss on its first batch. Compile time: tracing, lowering and compiling a fresh jitted step
 (median of `compile_repeats`, the contenders interleaved). Step time: the median over `repeats`
-runs of `block` consecutive steps (interleaved), divided by `block`: with `block` a multiple of
-every refresh interval (SOAP's and Shampoo's 10), each run holds the same number of refreshes,
-so the time is the amortized step.
+runs of `block` consecutive steps (interleaved, see `interleaved`), divided by `block`: with
+`block` a multiple of every refresh interval (SOAP's and Shampoo's 10), each run holds the same
+number of refreshes, so the time is the amortized step.
 
 This module also runs as a script (`python benchmarks/_beyond_timing.py psgd '{"repeats": 3,
 ...}'`) under another Python environment, to time `psgd_jax.kron` (which needs an older optax)
@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # run as a script, or imported from the tests
     sys.path.insert(0, HERE)
 
-import bench  # noqa: E402  (the interleaved timing and the jitted, donated steps)
+import bench  # noqa: E402  (the jitted, donated steps)
 from _beyond_training import OPTIMIZERS, SHAMPOO  # noqa: E402
 
 from modopt.examples import digits  # noqa: E402
@@ -77,10 +77,27 @@ class Contender:
             self.step = jitted.lower(self.params, self.state, self.grads).compile()
         return time.perf_counter() - start
 
-    def __call__(self):
-        for _ in range(self.block):
+    def __call__(self, steps: int | None = None):
+        for _ in range(self.block if steps is None else steps):
             self.params, self.state = self.step(self.params, self.state, self.grads)
         return self.params
+
+
+def interleaved(contenders: dict[str, Contender], repeats: int) -> dict[str, float]:
+    """Median seconds of a call (a block of steps) of each contender, interleaved (forward, then
+    backward). Each timed block follows one untimed step of the same contender: a light step
+    timed right after a heavy one (Kron's, SOAP's refresh) was up to 3 times slower here."""
+    for contender in contenders.values():
+        jax.block_until_ready(contender())  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    order = list(contenders.items())
+    for repeat in range(repeats):
+        for name, contender in order if repeat % 2 == 0 else reversed(order):
+            jax.block_until_ready(contender(1))
+            start = time.perf_counter()
+            jax.block_until_ready(contender())
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def time_contenders(makers: dict[str, tuple[Callable[[], Any], str]], sizes: dict) -> dict:
@@ -94,7 +111,7 @@ def time_contenders(makers: dict[str, tuple[Callable[[], Any], str]], sizes: dic
     for repeat in range(sizes["compile_repeats"]):
         for name, contender in order if repeat % 2 == 0 else reversed(order):
             compiles[name].append(contender.compile())
-    steps = bench.compare(dict(contenders), sizes["repeats"], warmup=1)
+    steps = interleaved(contenders, sizes["repeats"])
     return {
         name: {"compile_s": statistics.median(compiles[name]), "step_s": steps[name] / sizes["block"]}
         for name in contenders

@@ -22,6 +22,10 @@ Adam-mini only, no references; writes nothing unless `--out`). Two parts:
 
    (the older optax first, then everything else, jax included, from this project's environment:
    both run on the same jax). `/tmp/psgd-jax-venv/bin/python` is used when it exists.
+
+The full run costs about 3 minutes of CPU on a 2-core machine (compilation is most of it:
+Shampoo's, Kron's and SOAP's steps take 15-30 s each to compile there). `beyond_optax_h100.*`
+is the same command on an NVIDIA H100 (jax 0.11.2, with `--out` and the files renamed).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ def run(size: str, psgd_python: str | None = None, log=print) -> dict:
         "backend": jax.default_backend(),
         "versions": {"jax": jax.__version__, "modopt": modopt.__version__},
         "size": size,
+        "load average at start": round(os.getloadavg()[0], 1),  # the machine may be shared
     }
     log("1 steps to the target loss")
     results["steps to target"] = training.sweep(
@@ -113,6 +118,7 @@ def run(size: str, psgd_python: str | None = None, log=print) -> dict:
     seconds["2"] = round(time.perf_counter() - start - seconds["1"], 1)
     results["seconds"] = time.perf_counter() - start
     results["seconds by part"] = seconds
+    results["cpu seconds"] = round(time.process_time(), 1)  # this process's, not psgd-jax's
     return results
 
 
@@ -132,12 +138,13 @@ def table(results: dict) -> str:
     sweep = results["steps to target"]
     seeds = sweep["seeds"]
     lines = [
-        f"modopt beyond optax on the digits main job, {results['date']}, {results['machine']}, {results['versions']}",
+        f"modopt beyond optax on the digits main job, {results['date']}, {results['machine']}, {results['versions']}, "
+        f"load average {results['load average at start']} at the start",
         "",
         f"1 steps to training loss {sweep['target_train_loss']} (mean over the training set, every "
-        f"{sweep['eval_every']} steps; {sweep['total_steps']} steps = {sweep['epochs']} epochs of batch 64)",
+        f"{sweep['eval_every']} steps; {sweep['total_steps']} steps = {sweep['epochs']} epoch(s) of batch 64)",
         "  clip_by_global_norm(1.0) + optimizer, warmup-cosine schedule to the peak learning rate swept with seed 0,",
-        f"  the best one again with seeds {', '.join(map(str, seeds[1:])) or '(none)'}; '-': not reached",
+        f"  the best one again with seed(s) {', '.join(map(str, seeds[1:])) or '(none)'}; '-': not reached",
         f"{'optimizer':12s} {'best lr':>8s} {'steps (median)':>15s} {'per seed':>16s} {'final loss':>11s} {'test acc.':>10s}",
     ]
     for name, row in sweep["optimizers"].items():
@@ -173,10 +180,13 @@ def table(results: dict) -> str:
     if "error" in psgd:
         lines.append(f"kron / psgd-jax kron: {psgd['error']}")
     else:
-        lines.append(_versus("kron", "psgd-jax kron", psgd["times"], f"their own process, {psgd['versions']}"))
+        lines.append(_versus("kron", "psgd-jax kron", psgd["times"], f"both in one process of their own, {psgd['versions']}"))
         for name, row in psgd["times"].items():
             lines.append(f"  {name:24s} {_ms(row['step_s']):>10s} {row['compile_s']:8.2f}s")
-    lines.append(f"\nwhole run: {results['seconds']:.0f} s (by part: {results['seconds by part']})")
+    lines.append(
+        f"\nwhole run: {results['seconds']:.0f} s (by part: {results['seconds by part']}), "
+        f"{results['cpu seconds']:.0f} s of CPU (without the psgd-jax process)"
+    )
     return "\n".join(lines)
 
 
@@ -238,17 +248,18 @@ def main(argv: list[str] | None = None) -> dict:
         help=f"a Python in which psgd-jax imports, to time psgd_jax.kron (default: {DEFAULT_PSGD_PYTHON} if it exists)",
     )
     args = parser.parse_args(argv)
-    results = run(args.size, args.psgd_python, log=lambda line: print(line, file=sys.stderr, flush=True))
-    text = table(results)
-    print(text)
     out = args.out if args.out is not None else (HERE if args.size == "full" else None)
+    results = run(args.size, args.psgd_python, log=lambda line: print(line, file=sys.stderr, flush=True))
     if out:
         os.makedirs(out, exist_ok=True)
         txt, js, png = (os.path.join(out, name) for name in FILES)
-        with open(txt, "w") as file:
-            file.write(text + "\n")
         with open(js, "w") as file:
             json.dump(_finite(results), file, indent=1)
+    text = table(results)
+    print(text)
+    if out:
+        with open(txt, "w") as file:
+            file.write(text + "\n")
         plot(results, png)
     return results
 

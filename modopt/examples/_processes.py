@@ -72,7 +72,6 @@ class DataParallel:
 
             mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
             self.replicated, self.rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-        self.process, self.processes = jax.process_index(), jax.process_count()
 
     def replicate(self, tree: Any) -> Any:
         """Every array of `tree` (the same numbers in every process) as a global array held by
@@ -107,7 +106,9 @@ class DataParallel:
         n = len(arrays[0])
         if n % jax.device_count():
             raise ValueError(f"A batch of {n} rows cannot be split evenly over {jax.device_count()} devices.")
-        rows = slice(n * self.process // self.processes, n * (self.process + 1) // self.processes)
+        # The rows of this process's devices (contiguous: `make_mesh` lists a process's devices together).
+        held = [index[0] for index in self.rows.addressable_devices_indices_map((n,)).values()]
+        rows = slice(min(i.start for i in held), max(i.stop for i in held))
         return tuple(jax.make_array_from_process_local_data(self.rows, x[rows], x.shape) for x in arrays)
 
 

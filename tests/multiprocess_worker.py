@@ -295,8 +295,11 @@ def resume() -> None:
     for zero in (False, True):
         params = run.params()
         optimizer = run.optimizer(params, zero)
-        # A Python number in the target (as in a fresh Flax TrainState) takes the saved count.
-        restored = manager.restore(params=params, optimizer=optimizer, progress={"step": 0})
+        # A Python number in the target (as in a fresh Flax TrainState) takes the saved count;
+        # the hyperparameters, weakly typed global scalars, come from either.
+        policy = "saved" if zero else "target"
+        restored = manager.restore(params=params, optimizer=optimizer, progress={"step": 0}, hyperparameters=policy)
+        assert restored["optimizer"].tx.transforms[1].learning_rate.weak_type
         assert_leaves(gathered((restored["params"], restored["optimizer"])), expected, f"step {latest} (zero={zero})", None)
         for (path, a), b in zip(
             jax.tree_util.tree_leaves_with_path(restored["optimizer"]), jax.tree.leaves(optimizer)

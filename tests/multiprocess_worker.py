@@ -1,21 +1,23 @@
 """One process of a multi-process (multi-host style) run, started by `test_multiprocess.py`.
 
 Usage: `python multiprocess_worker.py CASE PROCESS_ID PROCESSES ADDRESS DIRECTORY`. Each process
-initializes `jax.distributed` with the coordinator at ADDRESS (127.0.0.1:port), 2 CPU devices of
-its own and gloo collectives (`modopt.examples._processes.initialize`), so the global mesh spans processes as it spans hosts on a pod: ("data", "model")
-of shape (PROCESSES, 2), "data" across processes, "model" within one. Every check prints
-`ok <what>` on success; a failed check raises (exit status 1).
+joins `jax.distributed` with the coordinator at ADDRESS (127.0.0.1:port), with 2 CPU devices of
+its own and gloo collectives (`modopt.examples._processes.initialize`), so the global mesh
+spans processes as it spans hosts on a pod: ("data", "model") of shape (PROCESSES, 2), "data"
+across processes, "model" within one. Every check prints `ok <what>` on success; a failed
+check raises (exit status 1).
 
 Cases:
 - `train`: the sharded and ZeRO-1 steps equal the unsharded step (computed in each process
-  on one of its devices); a straight run of `STEPS` steps is written to `DIRECTORY` as the
+  on one of its devices); the ZeRO-1 run of `STEPS` steps is written to `DIRECTORY` as the
   reference; the run again with a `CheckpointManager` saving every step from all processes
   (the writer lock is held once, by process 0, refreshed by its heartbeat; a second manager
   is refused in every process); process 1 is killed in the middle of saving step `KILLED_AT`
   (`SIGKILL` once its arrays are written, before the step is committed).
-- `resume`: a restart, as a pod restarts every host: restores the latest step, takes the
-  writer lock over from the killed run, trains to `STEPS` with saves, and must end bit-exact
-  on the straight run.
+- `resume`: a restart, as a pod restarts every host: restores the latest step (target and
+  saved hyperparameters, a Python number in the target), takes the writer lock over from the
+  killed run, trains to `STEPS` with saves, and must end bit-exact on the reference; then runs
+  the example of docs/api/pods.md.
 
 Sharded loops block on their results every step (XLA's CPU collectives can deadlock on a
 2-core machine when many steps are queued).

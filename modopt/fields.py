@@ -132,8 +132,10 @@ def dtype(default: Any = None, *, of: str = "state", **kwargs: Any):
 
     Args:
         default: the default dtype; `None` for the params' dtype.
-        of: what the dtype sets: `"state"` (the default) or `"hyperparameters"` (the dtype of
-            hyperparameters kept in the state, `inject_hyperparams`' `hyperparam_dtype`).
+        of: what the dtype sets: `"state"` (the default: a state dtype as above),
+            `"hyperparameters"` (hyperparameters kept in the state, `inject_hyperparams`'
+            `hyperparam_dtype`) or `"compute"` (state and the arithmetic on it, Kron's
+            `precond_dtype`).
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
 
     Example:

@@ -22,6 +22,7 @@ from .._numerics import safe_increment
 from .._trees import cast_like, map_updates, zeros_like
 from ..schedules._base import ScalarOrSchedule, scalar_or_schedule, value_at
 from .._fields import Scalar
+from .._moments import widen
 from jax.typing import DTypeLike
 
 # Counts of steps given as hyperparameters: whole numbers (as Python ints or integer arrays).
@@ -291,7 +292,8 @@ class MultiSteps(AbstractWrapper):
                 fold = lambda g, acc: acc + (g - acc) / (state.mini_step + 1)
             else:
                 fold = lambda g, acc: g + acc
-            acc_grads = map_updates(fold, updates, state.acc_grads)
+            dtype = self.accumulator_dtype  # the sum is taken in float32 at least (see `fields.dtype`)
+            acc_grads = map_updates(fold, widen(updates, dtype), widen(state.acc_grads, dtype))
             emit = state.mini_step == k - 1
 
             def step():

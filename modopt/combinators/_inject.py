@@ -72,7 +72,7 @@ class InjectHyperparams(AbstractTransform):
     inner_factory: Callable[..., Any] = fields.static()
     hyperparams: dict[str, Any] = fields.hyperparameter(kind="dict", converter=_as_injected)
     others: StaticTree = fields.static()  # flags, dtypes, masks and `static_args`
-    hyperparam_dtype: DTypeLike | None = fields.dtype()
+    hyperparam_dtype: DTypeLike | None = fields.dtype(of="hyperparameters")
 
     def inner(self, values: dict[str, Any]) -> AbstractTransform:
         """The inner transform with the hyperparameters `values`."""

@@ -12,7 +12,8 @@ from .._checks import prefix_difference
 from .._base import AbstractComposite, AbstractTransform, AbstractWrapper, inner_transform, require_params
 from .._fields import FINITE_NONNEGATIVE, POSITIVE_INTEGER, hyperparameter, interval
 from .._numerics import safe_increment
-from .._trees import cast, is_none
+from .._moments import store
+from .._trees import is_none
 from ..combinators import Chain
 from ..optimizers._sgd import Sgd
 from ..schedules._base import ScalarOrSchedule, is_schedule, value_at
@@ -30,7 +31,8 @@ class ScheduleFreeState(NamedTuple):
     """The state of `schedule_free`.
 
     b1: the interpolation weight that produced the current parameters `y` (a scalar in the
-        parameters' lowest dtype); `schedule_free_eval_params` reads it.
+        parameters' lowest dtype, or `state_dtype` where that is wider; so are `weight_sum` and
+        `max_lr`); `schedule_free_eval_params` reads it.
     weight_sum: the sum of the averaging weights `max_lr**weight_lr_power` so far.
     step_count: the step about to be taken, starting at 1 (int32 scalar); the schedule of
         `learning_rate` is evaluated at it.
@@ -85,7 +87,9 @@ class ScheduleFree(AbstractWrapper):
         b1: the interpolation weight `b1` between `x` and `z` in `y`, in (0, 1].
         weight_lr_power: the power of the largest learning rate so far in the averaging weight,
             >= 0 (the default 2 gives the steps of a warmup less weight).
-        state_dtype: the dtype of `z` (`None`: the parameters' dtype; static).
+        state_dtype: the dtype of `z` (`None`: the parameters' dtype; static). The scalars of the
+            state (`b1`, `weight_sum`, `max_lr`) take it where it is wider than the parameters'
+            lowest dtype (optax keeps them in the parameters' dtype).
 
     Example:
         >>> schedule = modopt.linear_schedule(0.0, 1e-3, 1000)  # warmup, then constant
@@ -126,6 +130,8 @@ class ScheduleFree(AbstractWrapper):
 
     def init(self, params):
         dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
+        if self.state_dtype is not None:  # a sum of weights in bfloat16 would stall
+            dtype = jnp.promote_types(dtype, self.state_dtype)
         return ScheduleFreeState(
             b1=jnp.asarray(self.b1, dtype),
             weight_sum=jnp.zeros([], dtype),
@@ -133,7 +139,7 @@ class ScheduleFree(AbstractWrapper):
             max_lr=jnp.zeros([], dtype),
             base_optimizer_state=self.inner.init(params),
             # A copy: the state is donated to jitted steps alongside the parameters.
-            z=jax.tree_util.tree_map(jnp.copy, cast(params, self.state_dtype)),
+            z=jax.tree_util.tree_map(jnp.copy, store(params, self.state_dtype)),
         )
 
     def update(self, updates, state, params=None, **extra_args):
@@ -266,7 +272,8 @@ class ScheduleFreeSgd(AbstractComposite):
         b1: the interpolation weight between the average `x` and `z`, in (0, 1].
         weight_decay: the strength of the weight decay, or `None` for none.
         weight_lr_power: the power of the largest learning rate so far in the averaging weight, >= 0.
-        state_dtype: the dtype of `z` (`None`: the parameters' dtype; static).
+        state_dtype: the dtype of `z` (`None`: the parameters' dtype; static; see
+            `schedule_free`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.schedule_free_sgd(1.0, warmup_steps=100), model)
@@ -314,7 +321,8 @@ class ScheduleFreeAdamW(AbstractComposite):
         eps: added to the square root of the second moment, >= 0.
         weight_decay: the strength of the decoupled weight decay (multiplied by the learning rate).
         weight_lr_power: the power of the largest learning rate so far in the averaging weight, >= 0.
-        state_dtype: the dtype of `z` (`None`: the parameters' dtype; static).
+        state_dtype: the dtype of `z` (`None`: the parameters' dtype; static; see `schedule_free`).
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.contrib.schedule_free_adamw(1e-3, warmup_steps=1000, weight_decay=1e-4)
@@ -333,11 +341,12 @@ class ScheduleFreeAdamW(AbstractComposite):
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     weight_lr_power: Scalar = hyperparameter(2.0, check=FINITE_NONNEGATIVE)
     state_dtype: DTypeLike | None = fields.dtype()
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         lr = _warmup(self.learning_rate, self.warmup_steps, "schedule_free_adamw")
         base = Chain(
-            ScaleByRms(decay=self.b2, eps=self.eps, eps_in_sqrt=False, bias_correction=True),
+            ScaleByRms(decay=self.b2, eps=self.eps, eps_in_sqrt=False, bias_correction=True, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay),
             ScaleByLearningRate(lr),
         )

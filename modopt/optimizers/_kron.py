@@ -51,7 +51,7 @@ class Kron(AbstractComposite):
         precond_init_scale: the initial preconditioner is this times the identity, > 0.
         merge_dims: see parameters of three or more axes as matrices (static).
         mu_dtype: the dtype of the momentum; `None` keeps the parameters'.
-        precond_dtype: the dtype of the factors; `None` is float32.
+        precond_dtype: the dtype of the factors and of their arithmetic; `None` is float32.
         weight_decay_mask: which parameters decay: by default those of two or more axes (the
             reference's rule); `None` for all, a pytree of bools or a function of the params.
         balance_prob: the probability that an update first balances the factors, in [0, 1].
@@ -78,7 +78,7 @@ class Kron(AbstractComposite):
     precond_init_scale: Scalar = hyperparameter(1.0, check=POSITIVE)
     merge_dims: bool = static(default=True)
     mu_dtype: DTypeLike | None = fields.dtype()
-    precond_dtype: DTypeLike | None = fields.dtype()
+    precond_dtype: DTypeLike | None = fields.dtype(of="compute")
     weight_decay_mask: MaskOrFn = fields.mask(at_least_2d, kw_only=True)
     balance_prob: Scalar = hyperparameter(0.01, check=UNIT, kw_only=True)
     key: jax.Array = prng_key(0, kw_only=True)

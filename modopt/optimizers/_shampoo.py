@@ -19,11 +19,12 @@ from .._fields import (
     hyperparameter,
     static,
 )
+from .._fields import Scalar
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate
 from ..transforms._shampoo import GRAFT_TYPES, ScaleByShampoo, as_graft_type, check_static_ints
-from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class Shampoo(AbstractComposite):
@@ -68,6 +69,10 @@ class Shampoo(AbstractComposite):
         merge_small_dims_block_size: the largest product of merged dimensions (static).
         skip_preconditioning_rank_lt: parameters of fewer dimensions are not preconditioned
             (static).
+        mu_dtype: the dtype of both momenta (Shampoo's and the grafting update's); `None` keeps
+            the parameters' dtype.
+        nu_dtype: the dtype of the grafting optimizer's sums of squares; `None` keeps the
+            parameters' dtype. (The statistics and preconditioners are float32.)
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.shampoo(1e-3, block_size=128, graft_type="rmsprop"), model)
@@ -98,6 +103,8 @@ class Shampoo(AbstractComposite):
     relative_matrix_epsilon: bool = static(True, kw_only=True)
     merge_small_dims_block_size: int = static(4096, kw_only=True)
     skip_preconditioning_rank_lt: int = static(1, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         check_static_ints(self)
@@ -125,6 +132,8 @@ class Shampoo(AbstractComposite):
             relative_matrix_epsilon=self.relative_matrix_epsilon,
             merge_small_dims_block_size=self.merge_small_dims_block_size,
             skip_preconditioning_rank_lt=self.skip_preconditioning_rank_lt,
+            mu_dtype=self.mu_dtype,
+            nu_dtype=self.nu_dtype,
         )
         return Chain(shampoo, ScaleByLearningRate(self.learning_rate))
 

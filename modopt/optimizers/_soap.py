@@ -11,6 +11,7 @@ from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._soap import DATA_FORMATS, ScaleBySoap
 from .._fields import Scalar
 from .._masks import MaskOrFn
+from jax.typing import DTypeLike
 
 
 class Soap(AbstractComposite):
@@ -49,6 +50,8 @@ class Soap(AbstractComposite):
         correct_bias: apply Adam's bias correction (static).
         mask: where to apply weight decay: a tree of booleans like the params, or a function of
             the params returning one; `None` decays every parameter.
+        mu_dtype: the dtype of Adam's first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of Adam's second moment; `None` keeps the parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.soap(3e-3), model)
@@ -74,6 +77,8 @@ class Soap(AbstractComposite):
     data_format: str = choice("channels_first", DATA_FORMATS)
     correct_bias: bool = static(True)
     mask: MaskOrFn = fields.mask()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         soap = ScaleBySoap(
@@ -88,6 +93,8 @@ class Soap(AbstractComposite):
             self.normalize_grads,
             self.data_format,
             self.correct_bias,
+            mu_dtype=self.mu_dtype,
+            nu_dtype=self.nu_dtype,
         )
         return Chain(soap, AddDecayedWeights(self.weight_decay, self.mask), ScaleByLearningRate(self.learning_rate))
 

@@ -13,6 +13,7 @@ from .._fields import FINITE, NONNEGATIVE, hyperparameter
 from .._specs import REPLICATED
 from .._trees import is_none, map_updates
 from .._fields import Scalar
+from .._moments import widen
 from jax.typing import DTypeLike
 
 
@@ -79,7 +80,9 @@ class ScaleByDistanceOverGradients(AbstractTransform):
             params,
             state.init_params,
         )
-        sums = _each_leaf(lambda s, g: s + jnp.square(g).sum(), updates, state.grad_sum_of_squares, updates)
+        # The sum of squares at the state's precision (float32 at least, see `fields.dtype`).
+        wide = widen(updates, self.param_dtype)
+        sums = _each_leaf(lambda s, g: s + jnp.square(g).sum(), updates, state.grad_sum_of_squares, wide)
 
         def scaled(g, d, s):
             step = self.global_scale * (d / jnp.sqrt(s + self.eps))

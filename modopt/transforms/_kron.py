@@ -14,10 +14,10 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, prng_key, static
-from .._moments import bias_correction, update_moment
+from .._moments import bias_correction, init_state, store, update_dtype, update_moment
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
-from .._trees import cast_like, zeros_like
+from .._trees import cast_like
 from ..schedules._base import AbstractSchedule, ScalarOrSchedule, _scalar_or_schedule, value_at
 from .._fields import Scalar
 from jax.typing import DTypeLike
@@ -197,9 +197,11 @@ class ScaleByKron(AbstractTransform):
         precond_init_scale: the initial preconditioner is this times the identity (each factor
             its `k`-th root), > 0.
         merge_dims: see parameters of three or more axes as matrices (static).
-        mu_dtype: the dtype of the momentum; `None` keeps the parameters'.
+        mu_dtype: the dtype of the momentum; `None` keeps the parameters'. Accumulated in
+            float32 at least (see `fields.dtype`).
         precond_dtype: the dtype of the factors and of the preconditioner's arithmetic; `None`
-            is float32 (as the reference), whatever the parameters' dtype.
+            is float32 (as the reference), whatever the parameters' dtype. Unlike a state dtype
+            it also sets the precision of the arithmetic (as the reference's).
         balance_prob: the probability that an update first balances the factors, in [0, 1].
         key: the PRNG key of the first step (`jax.random.key(0)`), its raw data, or an integer
             seed.
@@ -224,7 +226,7 @@ class ScaleByKron(AbstractTransform):
     precond_init_scale: Scalar = hyperparameter(1.0, check=POSITIVE)
     merge_dims: bool = static(default=True)
     mu_dtype: DTypeLike | None = fields.dtype()
-    precond_dtype: DTypeLike | None = fields.dtype()
+    precond_dtype: DTypeLike | None = fields.dtype(of="compute")
     balance_prob: Scalar = hyperparameter(0.01, check=UNIT, kw_only=True)
     key: jax.Array = prng_key(0, kw_only=True)
 
@@ -267,7 +269,7 @@ class ScaleByKron(AbstractTransform):
 
         return ScaleByKronState(
             count=jnp.zeros([], jnp.int32),
-            momentum=zeros_like(params, self.mu_dtype),
+            momentum=init_state(params, self.mu_dtype),
             Qs=jax.tree_util.tree_map(factors, params),
             key=jnp.copy(self.key),  # not the transform's buffer: both are donated
         )
@@ -306,7 +308,9 @@ class ScaleByKron(AbstractTransform):
         do_update = jax.random.uniform(coin_key) < probability
         balance = jax.random.uniform(balance_key) < self.balance_prob
 
-        momentum = cast_like(update_moment(updates, state.momentum, self.b1, 1), state.momentum)
+        momentum = update_moment(updates, state.momentum, self.b1, 1, self.mu_dtype)
+        if self.mu_dtype is None:  # rounded to the params' dtype before use, as the reference
+            momentum = cast_like(momentum, state.momentum)
         debiased = bias_correction(momentum, self.b1, count)
         treedef = jax.tree_util.tree_structure(updates)
         grads, m_hats, Qs = (treedef.flatten_up_to(t) for t in (updates, debiased, state.Qs))
@@ -327,9 +331,10 @@ class ScaleByKron(AbstractTransform):
 
         Qs = jax.lax.cond(do_update, fit, list, list(Qs))
         new_updates = [
-            clip_rms(precondition(q, m)).reshape(jnp.shape(g)).astype(jnp.result_type(g))
+            clip_rms(precondition(q, m)).reshape(jnp.shape(g)).astype(update_dtype(g.dtype, self.mu_dtype))
             for q, m, g in zip(Qs, m_hats, grads)
         ]
+        momentum = store(momentum, self.mu_dtype)
         new_state = ScaleByKronState(count=count, momentum=momentum, Qs=treedef.unflatten(Qs), key=key)
         return treedef.unflatten(new_updates), new_state
 

@@ -23,10 +23,12 @@ from .._fields import (
     is_concrete,
     static,
 )
+from .._fields import Scalar
+from .._moments import init_state, update_dtype, widen
 from .._numerics import safe_increment
 from .._specs import REPLICATED
 from ..linalg import matrix_inverse_pth_root
-from .._fields import Scalar
+from jax.typing import DTypeLike
 
 GRAFT_TYPES = ("sgd", "adagrad", "rmsprop", "rmsprop_normalized", "adagrad_normalized", "sqrt_n", "none")
 # The reference's `GraftingType` numbers, so `graft_type=GraftingType.ADAGRAD` ports unchanged.
@@ -116,9 +118,10 @@ class ScaleByShampooState(NamedTuple):
         `()` for parameters that are not preconditioned.
     preconditioners: per parameter, the inverse roots of `statistics` (same shapes).
     diagonal_statistics: the grafting optimizer's sums of squared gradients (Adagrad, RMSProp
-        and their normalized variants), like the params; `None` for the other graft types.
-    diagonal_momentum: the momentum of the grafting updates, like the params.
-    momentum: the momentum of the Shampoo updates, like the params.
+        and their normalized variants), like the params (in `nu_dtype` if set); `None` for the
+        other graft types.
+    diagonal_momentum: the momentum of the grafting updates, like the params (in `mu_dtype` if set).
+    momentum: the momentum of the Shampoo updates, like the params (in `mu_dtype` if set).
     """
 
     count: jax.Array
@@ -213,6 +216,10 @@ class ScaleByShampoo(AbstractTransform):
         merge_small_dims_block_size: the largest product of merged dimensions (static).
         skip_preconditioning_rank_lt: parameters of fewer dimensions are not preconditioned
             (static).
+        mu_dtype: the dtype of both momenta (Shampoo's and the grafting update's); `None` keeps
+            the parameters' dtype.
+        nu_dtype: the dtype of the grafting optimizer's sums of squares; `None` keeps the
+            parameters' dtype. (The statistics and preconditioners are float32.)
 
     Example:
         >>> tx = modopt.chain(modopt.scale_by_shampoo(block_size=128), modopt.scale_by_learning_rate(1e-3))
@@ -243,6 +250,8 @@ class ScaleByShampoo(AbstractTransform):
     relative_matrix_epsilon: bool = static(True, kw_only=True)
     merge_small_dims_block_size: int = static(4096, kw_only=True)
     skip_preconditioning_rank_lt: int = static(1, kw_only=True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         check_static_ints(self)
@@ -298,14 +307,14 @@ class ScaleByShampoo(AbstractTransform):
         preconditioners = jax.tree_util.tree_map(lambda p: blocks(p, False), params)
         diagonal = None
         if self.graft_type in _DIAGONAL_GRAFTS:
-            diagonal = jax.tree_util.tree_map(jnp.zeros_like, params)
+            diagonal = init_state(params, self.nu_dtype)
         return ScaleByShampooState(
             count=jnp.zeros([], jnp.int32),
             statistics=statistics,
             preconditioners=preconditioners,
             diagonal_statistics=diagonal,
-            diagonal_momentum=jax.tree_util.tree_map(jnp.zeros_like, params),
-            momentum=jax.tree_util.tree_map(jnp.zeros_like, params),
+            diagonal_momentum=init_state(params, self.mu_dtype),
+            momentum=init_state(params, self.mu_dtype),
         )
 
     def state_specs(self, params, param_specs):
@@ -440,9 +449,14 @@ class ScaleByShampoo(AbstractTransform):
         )
 
     def _one(self, g, precond, param, diagonal, diagonal_momentum, momentum, count):
-        """One parameter's update and new grafting state and momenta."""
-        dtype = g.dtype
+        """One parameter's update and new grafting state and momenta (the stored state read at
+        its accumulation precision, `widen`, and stored back in its dtype)."""
+        dtype = update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)
         g32 = g.astype(jnp.float32)
+        stored = diagonal
+        diagonal = None if diagonal is None else widen(diagonal, self.nu_dtype)
+        momentum_in, diagonal_momentum_in = momentum, diagonal_momentum
+        momentum, diagonal_momentum = widen(momentum, self.mu_dtype), widen(diagonal_momentum, self.mu_dtype)
         graft, new_diagonal = self._graft(g32, diagonal)
         if precond is None:
             precond = graft
@@ -463,9 +477,9 @@ class ScaleByShampoo(AbstractTransform):
             update = w * jnp.where(use_shampoo, shampoo, graft) + beta1 * update
         return (
             update.astype(dtype),
-            None if new_diagonal is None else new_diagonal.astype(diagonal.dtype),
-            new_diagonal_momentum.astype(diagonal_momentum.dtype),
-            new_momentum.astype(momentum.dtype),
+            None if new_diagonal is None else new_diagonal.astype(stored.dtype),
+            new_diagonal_momentum.astype(diagonal_momentum_in.dtype),
+            new_momentum.astype(momentum_in.dtype),
         )
 
     def _graft(self, g, diagonal):

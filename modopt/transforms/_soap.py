@@ -13,10 +13,11 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
-from .._moments import update_moment
+from .._moments import init_state, update_dtype, update_moment, widen
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 DATA_FORMATS = ("channels_first", "channels_last")
 _CHANNELS_FIRST = (0, 3, 1, 2)  # a channels-last 4-D leaf's axes in channels-first order
@@ -35,8 +36,8 @@ class ScaleBySoapState(NamedTuple):
     """
 
     count: jax.Array  # int32 scalar: updates taken; the first only gathers statistics
-    mu: Any  # first moment, like the params, in the eigenbasis
-    nu: Any  # second moment, like the params, in the eigenbasis
+    mu: Any  # first moment, like the params, in the eigenbasis (in `mu_dtype` if set)
+    nu: Any  # second moment, like the params, in the eigenbasis (in `nu_dtype` if set)
     statistics: Any  # per parameter: a tuple of EMAs of G G^T contracted over the other dimensions
     eigenbases: Any  # per parameter: a tuple of orthogonal matrices (columns: estimated eigenvectors)
 
@@ -118,8 +119,10 @@ class ScaleBySoap(AbstractTransform):
     measured here). Under `jax.vmap` (a batch of optimizers) the switch becomes a select that
     runs all three branches every step.
 
-    The eigendecomposition and QR run in float32 at least; statistics and bases are kept in
-    float32 at least (as the authors' reference), the moments in the parameters' dtype.
+    The eigendecomposition and QR run in float32 at least; statistics (computed from the
+    gradient widened to float32) and bases are kept in float32 at least (as the authors'
+    reference), the moments in the parameters' dtype, or in
+    `mu_dtype` and `nu_dtype` (accumulated in float32 at least, see `fields.dtype`).
 
     Args:
         b1: the decay rate of the first moment, in [0, 1).
@@ -136,6 +139,8 @@ class ScaleBySoap(AbstractTransform):
         data_format: `"channels_first"` or `"channels_last"`: with `merge_dims`, a 4-D
             channels-last (NHWC) tensor is merged as NCHW (static).
         correct_bias: scale by `sqrt(1 - b2^t) / (1 - b1^t)` (static).
+        mu_dtype: the dtype of the first moment; `None` keeps the parameters' dtype.
+        nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.chain(modopt.scale_by_soap(), modopt.scale_by_learning_rate(3e-3))
@@ -162,6 +167,8 @@ class ScaleBySoap(AbstractTransform):
     normalize_grads: bool = static(False)
     data_format: str = choice("channels_first", DATA_FORMATS)
     correct_bias: bool = static(True)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         value = self.max_precondition_dim
@@ -211,8 +218,8 @@ class ScaleBySoap(AbstractTransform):
         pairs = [one(p) for p in leaves]
         return ScaleBySoapState(
             count=jnp.zeros([], jnp.int32),
-            mu=jax.tree_util.tree_map(jnp.zeros_like, params),
-            nu=jax.tree_util.tree_map(jnp.zeros_like, params),
+            mu=init_state(params, self.mu_dtype),
+            nu=init_state(params, self.nu_dtype),
             statistics=treedef.unflatten([s for s, _ in pairs]),
             eigenbases=treedef.unflatten([q for _, q in pairs]),
         )
@@ -288,7 +295,8 @@ class ScaleBySoap(AbstractTransform):
                 new.append(None)
                 continue
             others = [a for a in range(x.ndim) if a != i]
-            outer = jnp.tensordot(x, x, axes=(others, others)).astype(s.dtype)
+            wide = x.astype(s.dtype)  # float32 at least: a bfloat16 product would round the statistic
+            outer = jnp.tensordot(wide, wide, axes=(others, others))
             new.append(update_moment(outer, s, self._decay(), 1))
         return tuple(new)
 
@@ -296,10 +304,14 @@ class ScaleBySoap(AbstractTransform):
         """Statistics from the first gradient, bases by eigendecomposition, a zero update."""
         stats = self._statistics(lay, g, stats)
         bases = tuple(None if s is None else _eigenvectors(s).astype(q.dtype) for s, q in zip(stats, bases))
-        return [jnp.zeros_like(g), mu, nu, stats, bases]
+        return [jnp.zeros(g.shape, update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)), mu, nu, stats, bases]
 
     def _adam_step(self, lay, g, mu, nu, stats, bases, *, count, refresh):
-        """Adam in the eigenbasis; the statistics' update; with `refresh`, the bases' one."""
+        """Adam in the eigenbasis; the statistics' update; with `refresh`, the bases' one. The
+        moments are read and updated at their accumulation precision (`widen`) and returned in
+        their stored dtypes, the update in `update_dtype`."""
+        stored_mu, stored_nu = mu.dtype, nu.dtype
+        mu, nu = widen(mu, self.mu_dtype), widen(nu, self.nu_dtype)
         rotated = _rotate(g, lay, bases, back=False)
         mu = update_moment(rotated.astype(mu.dtype), mu, self.b1, 1)
         nu = update_moment(rotated.astype(nu.dtype), nu, self.b2, 2)
@@ -314,7 +326,8 @@ class ScaleBySoap(AbstractTransform):
             old = bases
             bases, nu = _power_qr(stats, bases, nu, lay)
             mu = _rotate(_rotate(mu, lay, old, back=True), lay, bases, back=False).astype(mu.dtype)
-        return [direction.astype(g.dtype), mu, nu, stats, bases]
+        direction = direction.astype(update_dtype(g.dtype, self.mu_dtype, self.nu_dtype))
+        return [direction, mu.astype(stored_mu), nu.astype(stored_nu), stats, bases]
 
 
 def _matrix_dtype(dtype: Any) -> Any:

@@ -9,6 +9,7 @@ from ..combinators import Chain
 from ..transforms import ScaleByAdam, ScaleByAdamState, ScaleByLearningRate, ScaleByRms, ScaleByRmsState
 from ._base import Optimizer, learning_rate_field, weight_decay_after_learning_rate
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class RMSProp(Optimizer):
@@ -30,6 +31,7 @@ class RMSProp(Optimizer):
         gamma: the decay of the average of squared gradients, in [0, 1).
         eps: added to the root of the average, >= 0.
         clip_grad_norm: the global-norm threshold of the gradients, > 0, or `None` (default).
+        nu_dtype: the dtype of the slot (modopt's, keyword-only; `None`: the weights' dtype).
 
     Reference: Hinton, 2012, http://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
     """
@@ -38,6 +40,7 @@ class RMSProp(Optimizer):
     gamma: Scalar = hyperparameter(0.9, check=PROBABILITY_EXCLUSIVE)
     eps: Scalar = fields.eps(1e-8)
     clip_grad_norm: Scalar | None = hyperparameter(None, check=POSITIVE)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     @property
     def opt_param_names(self):
@@ -45,7 +48,7 @@ class RMSProp(Optimizer):
 
     def step_transform(self):
         return Chain(
-            ScaleByRms(self.gamma, self.eps, initial_scale=1.0, eps_in_sqrt=False),
+            ScaleByRms(self.gamma, self.eps, initial_scale=1.0, eps_in_sqrt=False, nu_dtype=self.nu_dtype),
             ScaleByLearningRate(self.learning_rate),
         )
 
@@ -82,6 +85,8 @@ class Adam(Optimizer):
         b2: the decay of the second moment, in [0, 1).
         eps: added to the root of the second moment, >= 0.
         clip_grad_norm: the global-norm threshold of the gradients, > 0, or `None` (default).
+        mu_dtype: the dtype of the slot `m` (modopt's, keyword-only; `None`: the weights' dtype).
+        nu_dtype: the dtype of the slot `v` (modopt's, keyword-only; `None`: the weights' dtype).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.trax.Adam(1e-3), model)
@@ -95,6 +100,8 @@ class Adam(Optimizer):
     b2: Scalar = hyperparameter(0.999, check=PROBABILITY_EXCLUSIVE)
     eps: Scalar = fields.eps(1e-5)
     clip_grad_norm: Scalar | None = hyperparameter(None, check=POSITIVE)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     @property
     def opt_param_names(self):
@@ -102,7 +109,7 @@ class Adam(Optimizer):
 
     def step_transform(self):
         return Chain(
-            ScaleByAdam(self.b1, self.b2, self.eps),
+            ScaleByAdam(self.b1, self.b2, self.eps, mu_dtype=self.mu_dtype, nu_dtype=self.nu_dtype),
             ScaleByLearningRate(self.learning_rate),
             weight_decay_after_learning_rate(self.weight_decay_rate),
         )

@@ -11,6 +11,7 @@ from ..combinators import Chain
 from ..transforms import ScaleByLearningRate, Trace, TraceState
 from ._base import Optimizer, TraxSide, learning_rate_field, weight_decay_after_learning_rate
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 def _numbers(values: Any) -> Any:
@@ -96,6 +97,8 @@ class Momentum(Optimizer):
         mass: the momentum coefficient, in [0, 1].
         weight_decay_rate: the fraction of each weight removed per step (any finite number).
         nesterov: Nesterov's look-ahead (static, fixed at construction as in trax).
+        accumulator_dtype: the dtype of the velocity slot (modopt's, keyword-only; `None`: the
+            weights' dtype).
 
     Reference: Sutskever et al., 2013, http://proceedings.mlr.press/v28/sutskever13.pdf
     """
@@ -104,6 +107,7 @@ class Momentum(Optimizer):
     mass: Scalar = fields.momentum(0.9)
     weight_decay_rate: Scalar = hyperparameter(1e-5, check=FINITE)
     nesterov: bool = static(default=True)
+    accumulator_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     @property
     def opt_param_names(self):
@@ -111,7 +115,7 @@ class Momentum(Optimizer):
 
     def step_transform(self):
         return Chain(
-            Trace(self.mass, self.nesterov),
+            Trace(self.mass, self.nesterov, self.accumulator_dtype),
             ScaleByLearningRate(self.learning_rate),
             weight_decay_after_learning_rate(self.weight_decay_rate),
         )

@@ -44,6 +44,9 @@ class Entry:
         step, given the loss and params there (e.g. `{"value": loss}`); None: none.
     own_rule: the transform declares its own sharding rule (reduced or factored state, or a
         combinator delegating to its parts): it also runs on 8 real (simulated) devices.
+    partial_state_dtypes: why the transform's state dtypes (`mu_dtype`, ...) set only part of
+        its state (a wrapper whose inner transform has dtypes of its own); None: they set all of
+        its floating state, or it has none (`test_state_dtypes.py`).
     """
 
     name: str
@@ -58,6 +61,7 @@ class Entry:
     extra_args: Callable[[Any, Any], dict] | None = None
     own_rule: bool = False
     reference: str | None = None
+    partial_state_dtypes: str | None = None
 
     def __post_init__(self):
         if self.oracle is None and self.reference is None:

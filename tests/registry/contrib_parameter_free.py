@@ -30,6 +30,7 @@ ENTRIES: list[Entry] = [
         lambda: optax.contrib.schedule_free(optax.adam(0.05, b1=0.0), 0.05),
         ("weight_lr_power", 1.0),
         descent=True,
+        partial_state_dtypes="the inner optimizer has state dtypes of its own",
     ),
     Entry(
         "schedule_free_sgd",

@@ -104,6 +104,7 @@ ENTRIES = [
         lambda: optax.MultiSteps(optax.adam(0.05), every_k_schedule=2),
         ("every_k_schedule", 3),
         descent=True,
+        partial_state_dtypes="the inner optimizer has state dtypes of its own",
     ),
     Entry(
         "multi_steps_schedule",  # the inner schedule advances once per gradient step
@@ -112,6 +113,7 @@ ENTRIES = [
         ("peak_value", 0.07),
         descent=True,
         converges=False,  # the schedule decays to ~0 after 50 steps, by design
+        partial_state_dtypes="the inner optimizer has state dtypes of its own",
     ),
     Entry(
         "multi_steps_sum_k_schedule",
@@ -127,6 +129,7 @@ ENTRIES = [
         ("learning_rate", 0.01),
         descent=True,
         converges=False,  # the quadratic's gradients are all above the threshold: every step is skipped
+        partial_state_dtypes="the skip function's state (the norm it measured) is its own",
     ),
     Entry(
         "multi_steps_skip_not_finite",  # steps 0 and 1 are NaN and skipped

@@ -1,0 +1,347 @@
+"""State dtypes (`mu_dtype`, `nu_dtype`, `accumulator_dtype`, ...; see `modopt.fields.dtype`).
+
+The registry drives the checks, so a new entry (or a new transform with state dtypes) is
+covered without listing it here:
+
+1. each dtype argument sets a part of the state to its dtype (and, over the registry, every
+   argument of every transform sets some); the state keeps its dtypes through a step; with
+   every state dtype float32, bfloat16 parameters leave no bfloat16 state (abstract
+   evaluation, once per transform class and state structure);
+2. float32 state dtypes make the arithmetic float32: bfloat16 gradients give the numbers that
+   the same transform at its defaults gives for float32 gradients of the same values;
+3. bfloat16 state dtypes give the float32 computation with the state rounded to bfloat16
+   between steps (the transform at its defaults, its state rounded outside it), within one
+   bfloat16 rounding, over a few steps;
+4. where optax has the argument (`mu_dtype`, `accumulator_dtype`, `dtype_momentum`,
+   `state_dtype`), the updates and state equal optax's;
+5. a dtype that is not a floating one is an error naming the argument and the transform.
+
+Checks 2 and 3 run four copies of a transform in one jitted function, on the same float32
+parameters and gradients of the same values (bfloat16 ones for check 2), so that the precision
+of the state (and of the gradients it reads) is their only difference. Parameters stay float32
+there: the arithmetic of a chain on bfloat16 parameters (weight decay, trust ratios) is outside
+what state dtypes set. They run once for each class of transform that keeps state with dtypes,
+on the first registry entry holding it (transforms before the optimizers built on them).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from registry import ENTRIES, Entry
+from test_registry import make_grads, make_params, quadratic
+
+import modopt
+from modopt._base import AbstractComposite
+from modopt._fields import canonical_dtype, dtype_field_names, validate_hyperparameters
+
+STEPS = 3
+BF16_EPS = float(jnp.finfo(jnp.bfloat16).eps)  # 2**-7: one unit in the last place at 1
+
+
+def state_dtypes(tx) -> tuple[str, ...]:
+    return dtype_field_names(tx)
+
+
+def with_dtypes(tx, **dtypes):
+    """`tx` with some state dtypes changed: rebuilt by its constructor, or, where a custom
+    `__init__` names its arguments otherwise, a copy with the static fields set (and checked)."""
+    try:
+        return dataclasses.replace(tx, **dtypes)
+    except TypeError:
+        new = copy.copy(tx)
+        for name, dtype in dtypes.items():
+            object.__setattr__(new, name, canonical_dtype(dtype))
+        validate_hyperparameters(new)
+        return new
+
+
+def all_dtypes(tx, dtype):
+    return with_dtypes(tx, **{name: dtype for name in state_dtypes(tx)})
+
+
+def flat(tree):
+    return [(jax.tree_util.keystr(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def dtypes_by_path(tree):
+    return {path: jnp.result_type(leaf) for path, leaf in flat(tree)}
+
+
+def state_classes(tx) -> frozenset[str]:
+    """The classes of the transforms in `tx` (itself included) that keep state with dtypes."""
+    found = set()
+
+    def visit(node):
+        if state_dtypes(node) and not isinstance(node, AbstractComposite):
+            found.add(type(node).__name__)
+        for part in node.parts():
+            visit(part.transform)
+
+    visit(tx)
+    return frozenset(found)
+
+
+def _declaring(tx, name: str) -> set[str]:
+    """The classes of the transforms inside `tx` that declare the state dtype `name`."""
+    found = set()
+    for part in tx.parts():
+        if name in state_dtypes(part.transform):
+            found.add(type(part.transform).__name__)
+        found |= _declaring(part.transform, name)
+    return found
+
+
+def _select():
+    """The entries with state dtypes, one per (class, state structure) for check 1, and one
+    per class of transform keeping state (transforms first) for checks 2 and 3."""
+    params = make_params()
+    structures, numeric, covered = {}, [], set()
+    for entry in ENTRIES:
+        tx = entry.make()
+        if state_dtypes(tx):
+            key = (type(tx).__name__, jax.tree_util.tree_structure(jax.eval_shape(tx.init, params)))
+            structures.setdefault(key, entry)
+    with_dtypes_ = list(structures.values())
+    for entry in sorted(with_dtypes_, key=lambda e: isinstance(e.make(), AbstractComposite)):
+        classes = state_classes(entry.make())
+        if entry.partial_state_dtypes is None and classes - covered:
+            numeric.append(entry)
+            covered |= classes
+    return [e for e in ENTRIES if state_dtypes(e.make())], with_dtypes_, numeric
+
+
+WITH_STATE_DTYPES, BY_STRUCTURE, NUMERIC = _select()
+
+
+def one_step(entry: Entry, tx, params):
+    """`(state after init, state after one update)`, abstractly evaluated."""
+    grads = make_grads(0, params)
+    extra = entry.args(quadratic(params), params)
+
+    def run():
+        state = tx.init(params)
+        return state, tx.update(grads, state, params, **extra)[1]
+
+    return jax.eval_shape(run)
+
+
+def set_leaves(entry: Entry, name: str) -> dict[str, jnp.dtype]:
+    """The state leaves `name` sets (float32 params; the initial state with `name` bfloat16
+    against float32), with their dtypes."""
+    params = make_params()
+    low, high = (jax.eval_shape(with_dtypes(entry.make(), **{name: d}).init, params) for d in (jnp.bfloat16, jnp.float32))
+    low, high = dtypes_by_path(low), dtypes_by_path(high)
+    return {path: low[path] for path in low if low[path] != high[path]}
+
+
+@pytest.mark.parametrize("entry", BY_STRUCTURE, ids=str)
+def test_state_dtypes_set_the_state_and_keep_it_through_steps(entry: Entry):
+    """Each argument sets leaves to its dtype only; with all of them bfloat16 (float32 params)
+    the state keeps its dtypes through a step; with all of them float32 on bfloat16 params no
+    floating leaf stays bfloat16, unless the registry says they set only part of the state."""
+    for name in state_dtypes(entry.make()):
+        assert set(set_leaves(entry, name).values()) <= {jnp.dtype(jnp.bfloat16)}, f"{entry}: {name}"
+    initial, stepped = one_step(entry, all_dtypes(entry.make(), jnp.bfloat16), make_params())
+    assert dtypes_by_path(stepped) == dtypes_by_path(initial), f"{entry}: a step changes the state's dtypes"
+    _, stepped = one_step(entry, all_dtypes(entry.make(), jnp.float32), make_params(jnp.bfloat16))
+    low = [path for path, dtype in dtypes_by_path(stepped).items() if dtype == jnp.bfloat16]
+    if entry.partial_state_dtypes is None:
+        assert not low, f"{entry}: bfloat16 state left with every state dtype float32: {low}"
+    else:
+        assert low, f"{entry}: says its state dtypes set part of the state, but they set all of it"
+
+
+def test_every_state_dtype_argument_sets_some_state():
+    """Each dtype argument of each transform class sets some leaf in at least one registry
+    entry (in some configurations it has nothing to set, e.g. SGD's without momentum)."""
+    effective: dict[tuple[str, str], bool] = {}
+    for entry in WITH_STATE_DTYPES:
+        tx = entry.make()
+        for name in state_dtypes(tx):
+            # The argument of the entry's transform, and of the transforms inside it that it is
+            # passed on to (`shampoo`'s `nu_dtype` is `scale_by_shampoo`'s).
+            keys = [(cls, name) for cls in {type(tx).__name__, *_declaring(tx, name)}]
+            if not all(effective.get(key) for key in keys):
+                works = bool(set_leaves(entry, name))
+                for key in keys:
+                    effective[key] = effective.get(key, False) or works
+    assert all(effective.values()), sorted(key for key, ok in effective.items() if not ok)
+
+
+def _trajectories(entry: Entry):
+    """Updates and states of four copies of the entry's transform over the same float32
+    parameters (those of `plain`) and gradients of the same values:
+
+    - `plain`: every state dtype `None` (the parameters' float32), float32 gradients;
+    - `wide`: every state dtype float32, bfloat16 gradients;
+    - `low`: every state dtype bfloat16, float32 gradients;
+    - `rounded`: `plain`, with the leaves of its state that are bfloat16 in `low` rounded to
+      bfloat16 (and back) after each step: the float32 computation on a bfloat16 store.
+    """
+    plain = all_dtypes(entry.make(), None)
+    runs = {"plain": plain, "wide": all_dtypes(plain, jnp.float32), "low": all_dtypes(plain, jnp.bfloat16), "rounded": plain}
+    params = make_params()
+    grads = [make_grads(step, make_params(jnp.bfloat16)) for step in range(STEPS)]
+
+    def round_like(state, low):
+        def one(x, y):
+            return x.astype(jnp.bfloat16).astype(x.dtype) if jnp.result_type(y) == jnp.bfloat16 else x
+
+        return jax.tree.map(one, state, low)
+
+    @jax.jit
+    def run(params, grads):
+        states = {name: tx.init(params) for name, tx in runs.items()}
+        states["rounded"] = round_like(states["rounded"], states["low"])
+        steps = []
+        for g16 in grads:
+            g32 = jax.tree.map(lambda g: g.astype(jnp.float32), g16)
+            extra = entry.args(quadratic(params), params)
+            updates = {}
+            for name, tx in runs.items():
+                updates[name], states[name] = tx.update(g16 if name == "wide" else g32, states[name], params, **extra)
+            states["rounded"] = round_like(states["rounded"], states["low"])
+            steps.append((updates, dict(states)))
+            params = modopt.apply_updates(params, updates["plain"])
+        return steps
+
+    return run(params, grads)
+
+
+def _float_leaves(tree):
+    return [(path, leaf) for path, leaf in flat(tree) if jnp.issubdtype(jnp.result_type(leaf), jnp.floating)]
+
+
+def assert_close(ours, theirs, what, rtol, scales=None):
+    """Leaf by leaf, to `rtol` of each element and of the leaf's largest (or of `scales`, a tree
+    of numbers like `theirs`, where larger); a leaf that comes out in bfloat16 (MultiSteps hands
+    its inner optimizer gradients in their own dtype) to one rounding of bfloat16."""
+    ours, theirs = _float_leaves(ours), _float_leaves(theirs)
+    assert [p for p, _ in ours] == [p for p, _ in theirs], f"{what}: structure differs"
+    others = [0.0] * len(theirs) if scales is None else [float(s) for _, s in flat(scales)]
+    for (path, a), (_, b), other in zip(ours, theirs, others):
+        tolerance = max(rtol, BF16_EPS) if jnp.result_type(a) == jnp.bfloat16 else rtol
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = max(np.max(np.abs(b), initial=0.0), other)
+        np.testing.assert_allclose(a, b, rtol=tolerance, atol=tolerance * scale, err_msg=f"{what}{path}")
+
+
+@pytest.mark.parametrize("entry", NUMERIC, ids=str)
+def test_state_precision_decides_the_numbers(entry: Entry):
+    params_scale = jax.tree.map(lambda p: jnp.max(jnp.abs(p)), make_params())
+    for step, (updates, states) in enumerate(_trajectories(entry)):
+        # Float32 state dtypes with bfloat16 gradients: the float32 computation.
+        assert_close(updates["wide"], updates["plain"], f"{entry} float32 updates, step {step}: ", 1e-5)
+        assert_close(states["wide"], states["plain"], f"{entry} float32 state, step {step}: ", 1e-5)
+        # Bfloat16 state dtypes: the float32 computation, the state rounded to bfloat16 between
+        # steps (one rounding may land on either side). The update may use the state as stored
+        # (NovoGrad's, Schedule-Free's iterate `z`, as optax's) or before rounding: one bfloat16
+        # rounding of the update, or of the parameters it moves (Schedule-Free's).
+        assert_close(states["low"], states["rounded"], f"{entry} bfloat16 state, step {step}: ", BF16_EPS)
+        what = f"{entry} bfloat16 updates, step {step}: "
+        assert_close(updates["low"], updates["rounded"], what, BF16_EPS, params_scale)
+
+
+# --- 4. optax's own state dtypes ------------------------------------------------------------------
+bf16 = jnp.bfloat16
+OPTAX_PAIRS = {
+    "scale_by_adam": (lambda: modopt.scale_by_adam(mu_dtype=bf16), lambda: optax.scale_by_adam(mu_dtype=bf16)),
+    "amsgrad": (lambda: modopt.amsgrad(0.05, mu_dtype=bf16), lambda: optax.amsgrad(0.05, mu_dtype=bf16)),
+    "lion": (lambda: modopt.lion(0.05, mu_dtype=bf16), lambda: optax.lion(0.05, mu_dtype=bf16)),
+    "scale_by_novograd": (
+        lambda: modopt.scale_by_novograd(mu_dtype=bf16),
+        lambda: optax.scale_by_novograd(mu_dtype=bf16),
+    ),
+    "sgd_nesterov": (
+        lambda: modopt.sgd(0.1, 0.9, nesterov=True, accumulator_dtype=bf16),
+        lambda: optax.sgd(0.1, 0.9, nesterov=True, accumulator_dtype=bf16),
+    ),
+    "ema": (lambda: modopt.ema(0.9, accumulator_dtype=bf16), lambda: optax.ema(0.9, accumulator_dtype=bf16)),
+    "adafactor_momentum": (
+        lambda: modopt.adafactor(0.05, momentum=0.9, dtype_momentum=bf16),
+        lambda: optax.adafactor(0.05, momentum=0.9, dtype_momentum=bf16),
+    ),
+    "muon": (lambda: modopt.contrib.muon(0.02, mu_dtype=bf16), lambda: optax.contrib.muon(0.02, mu_dtype=bf16)),
+    "ademamix": (
+        lambda: modopt.contrib.ademamix(0.05, mu_dtype=bf16),
+        lambda: optax.contrib.ademamix(0.05, mu_dtype=bf16),
+    ),
+    "adopt": (lambda: modopt.contrib.adopt(0.05, mu_dtype=bf16), lambda: optax.contrib.adopt(0.05, mu_dtype=bf16)),
+    "schedule_free_adamw": (
+        lambda: modopt.contrib.schedule_free_adamw(0.05, state_dtype=bf16),
+        lambda: optax.contrib.schedule_free_adamw(0.05, state_dtype=bf16),
+    ),
+}
+
+
+# optax 0.2.8's AdEMAMix stores its moments in the gradients' dtype after the first step (its
+# `mu_dtype` sets the initial state only); ours keep `mu_dtype` (see `scale_by_ademamix`).
+KEEPS_OPTAX_DTYPES = {name: name != "ademamix" for name in OPTAX_PAIRS}
+
+
+@pytest.mark.parametrize("name", list(OPTAX_PAIRS))
+def test_optax_state_dtypes_give_optax_numbers(name):
+    """bfloat16 state on float32 params: both compute in float32 and round the state; they
+    agree to a unit of bfloat16 of each leaf (optax rounds `decay * state` to bfloat16 before
+    adding the gradient, ours does not; one rounding may land on either side). A state that
+    rounds the other way may flip the sign of a near-zero interpolation (Lion's update): at
+    most one element in a thousand of an update may differ beyond that."""
+    ours, theirs = (make() for make in OPTAX_PAIRS[name])
+    params = make_params()
+    grads = [make_grads(step, params) for step in range(STEPS)]
+
+    @jax.jit
+    def run(params, grads):
+        out = []
+        for tx, apply in ((ours, modopt.apply_updates), (theirs, optax.apply_updates)):
+            p, state, steps = params, tx.init(params), []
+            for g in grads:
+                updates, state = tx.update(g, state, p)
+                steps.append((updates, state))
+                p = apply(p, updates)
+            out.append(steps)
+        return out
+
+    ours_steps, theirs_steps = run(params, grads)
+    for step, (a, b) in enumerate(zip(ours_steps, theirs_steps)):
+        for what, x, y in (("updates", a[0], b[0]), ("state", a[1], b[1])):
+            x, y = flat(x), flat(y)
+            assert [p for p, _ in x] == [p for p, _ in y], f"{name} {what}: structure differs"
+            for (path, u), (_, v) in zip(x, y):
+                where = f"{name} {what}{path}, step {step}"
+                if KEEPS_OPTAX_DTYPES[name]:
+                    assert jnp.result_type(u) == jnp.result_type(v), f"{where}: dtype"
+                u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+                bound = BF16_EPS * (np.abs(v) + np.max(np.abs(v), initial=0.0))
+                outside = np.abs(u - v) > bound
+                allowed = u.size // 1000 if what == "updates" else 0
+                assert outside.sum() <= allowed, f"{where}: {outside.sum()} of {u.size} elements differ, by up to {np.max(np.abs(u - v))}"
+
+
+# --- 5. bad dtypes --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "make, argument, owner",
+    [
+        (lambda d: modopt.scale_by_adam(mu_dtype=d), "mu_dtype", "ScaleByAdam"),
+        (lambda d: modopt.adam(1e-3, nu_dtype=d), "nu_dtype", "Adam"),
+        (lambda d: modopt.sgd(0.1, 0.9, accumulator_dtype=d), "accumulator_dtype", "Sgd"),
+        (lambda d: modopt.sm3(0.1, nu_dtype=d), "nu_dtype", "Sm3"),
+        (lambda d: modopt.trax.Adam(1e-3, mu_dtype=d), "mu_dtype", "Adam"),
+    ],
+    ids=["scale_by_adam", "adam", "sgd", "sm3", "trax_adam"],
+)
+@pytest.mark.parametrize(
+    "dtype, why",
+    [(jnp.int32, "int32 is not a floating dtype"), (jnp.complex64, "complex64 is not a floating dtype"), ("float33", "'float33' is not a dtype")],
+    ids=["int32", "complex64", "float33"],
+)
+def test_a_bad_state_dtype_is_an_error_naming_it(make, argument, owner, dtype, why):
+    with pytest.raises(ValueError, match=rf"^Invalid {argument}: {why} \(must be a floating dtype .*\) in {owner}\.$"):
+        make(dtype)

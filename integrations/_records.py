@@ -351,6 +351,8 @@ def _marked_names(node: Any, marked: Any) -> dict[int, str]:
     """The hyperparameters among the marks of `marked` (a copy of `node` with marks for leaves)."""
     variable = _nnx_hyperparameter()
     if variable is not None and isinstance(node, variable):
+        if isinstance(node.get_value(), AbstractTransform):  # an NnxOptimizer's transform
+            return _marked_names(node.get_value(), marked.get_value())
         return {mark.index: "" for mark in _marks(marked)}
     tx, state = _transform_and_state(node)
     marked_tx, marked_state = _transform_and_state(marked)

@@ -38,7 +38,6 @@ from modopt._hyperparameters import (
     single_learning_rate,
 )
 from modopt._optimizer import _check_reduced, _zeros
-from modopt._trees import PicklableTreeDef
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]
@@ -167,9 +166,10 @@ class NnxOptimizer(nnx.Pytree):
         group_small_leaves: bool = True,
     ):
         tx = owned_transform(tx, "NnxOptimizer")
-        leaves, treedef = jax.tree_util.tree_flatten(tx)
-        self._tx_def = PicklableTreeDef(treedef)  # an NnxOptimizer pickles
-        self._hyperparameters = nnx.List([Hyperparameter(leaf) for leaf in leaves])
+        # The transform, with all its hyperparameters, is the value of one variable: `nnx.jit`
+        # splits and merges every variable of its arguments on every call, so one per leaf
+        # would cost as much as the optimizer state's (about a microsecond each here).
+        self._hyperparameters = Hyperparameter(tx)
         self.wrt = wrt
         # What is trained: the `wrt` variables holding floating or complex arrays (as in
         # `modopt.Optimizer`, integer and boolean variables are never updated and get no state).
@@ -187,7 +187,7 @@ class NnxOptimizer(nnx.Pytree):
 
     @property
     def tx(self) -> modopt.AbstractTransform:
-        return self._tx_def.unflatten([variable.get_value() for variable in self._hyperparameters])
+        return self._hyperparameters.get_value()
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
@@ -201,11 +201,9 @@ class NnxOptimizer(nnx.Pytree):
     def set(self, **values: Any) -> None:
         """Replaces hyperparameters by name, in place (in the state where they live there)."""
         tx, opt_state = set_hyperparameters_with_state(self.tx, nnx.as_pure(self.opt_state), **values)
-        leaves, treedef = jax.tree_util.tree_flatten(tx)
-        if self._tx_def != treedef:
+        if jax.tree_util.tree_structure(tx) != jax.tree_util.tree_structure(self.tx):
             raise ValueError("set cannot change the structure of the transform; build a new optimizer.")
-        for variable, leaf in zip(self._hyperparameters, leaves):
-            variable.set_value(leaf)
+        self._hyperparameters.set_value(tx)
         self._set_state(opt_state)
 
     def _set_state(self, opt_state: Any) -> None:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from ._extra_args import ExtraArg
 from ._fields import pretty, static, tree_hash, validate_hyperparameters
+from ._module import Module
 from ._specs import follow_params
 
 PyTree = Any
@@ -76,7 +77,7 @@ class Part(NamedTuple):
     state: Callable[[OptState], OptState]  # the part's state, from the outer state
 
 
-class AbstractTransform(eqx.Module):
+class AbstractTransform(Module):
     """Base class of every modopt transform.
 
     Subclasses declare their hyperparameters as fields (see `modopt.fields`) and implement

@@ -28,11 +28,11 @@ import abc
 import math
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from ._trees import is_none
+from ._module import Module
 
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 """The parameter dtypes that stochastic rounding and Kahan summation apply to."""
@@ -185,7 +185,7 @@ def _check_buffer(path: Any, p: Any, c: Any) -> None:
         )
 
 
-class AbstractCompensation(eqx.Module):
+class AbstractCompensation(Module):
     """How an `Optimizer` applies updates to low-precision parameters, with the state that needs.
 
     Held in `Optimizer.compensation` (and so checkpointed and sharded with the optimizer).

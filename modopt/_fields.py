@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import prefix_difference
+from ._module import Module
 from jax.typing import DTypeLike
 
 # Built like `ScalarOrSchedule` (modopt.schedules), of which it is the part without schedules.
@@ -89,7 +90,7 @@ UNIT = interval(0, 1, closed_hi=True)  # [0, 1]
 PROBABILITY_EXCLUSIVE = interval(0, 1)  # [0, 1), e.g. Adam's betas
 
 
-class Rate(eqx.Module):
+class Rate(Module):
     """A decay rate `b` stored with its complement `1 - b`, both as float32 leaves.
 
     EMAs weigh new values by `1 - b`. For `b = 0.999` in float32, `1 - b` loses four digits

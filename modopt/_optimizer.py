@@ -13,6 +13,7 @@ import numpy as np
 from ._base import AbstractTransform, owned_init, owned_transform
 from ._checks import align_gradients
 from ._compensated import AbstractCompensation, make_compensation
+from ._module import Module
 from ._extra_args import adapt_to_params, check_extra_args
 from ._fields import (
     as_static_tree,
@@ -32,7 +33,7 @@ from .combinators._diagnostics import diagnostics
 from .sharding._shardings import Layout, derive_layout, update_on_mesh
 
 
-class Optimizer(eqx.Module):
+class Optimizer(Module):
     """A transform (with its hyperparameters), its state and a step count, as one module.
 
     `optimizer.step(model, grads)` returns `(new_model, new_optimizer)`. It is pure: use it

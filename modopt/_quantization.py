@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._module import Module
+
 QUANTIZATIONS = ("dynamic", "linear")
 
 
@@ -107,7 +109,7 @@ def block_layout(shape: tuple[int, ...], block_size: int) -> tuple[tuple[int, ..
     return tuple(shape[: len(shape) - merged]), length
 
 
-class QuantizedArray(eqx.Module):
+class QuantizedArray(Module):
     """An array stored in 8 bits per element, block-wise (made by `quantize_blockwise`).
 
     Args:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._module import Module
 from .._fields import (
     Check,
     as_hyperparameter,
@@ -32,7 +33,7 @@ ScalarOrSchedule = Union[float, jax.Array, Schedule]
 """A hyperparameter given as a number (a Python or NumPy scalar, a 0-d array) or a `Schedule`."""
 
 
-class AbstractSchedule(eqx.Module):
+class AbstractSchedule(Module):
     """A function of the step count whose numeric parameters are array leaves.
 
     Being a module, a schedule can be changed inside `jit` without a retrace and is saved

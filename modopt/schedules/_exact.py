@@ -30,15 +30,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._fields import as_hyperparameter, is_concrete
+from .._module import Module
 
 
-class Derived(eqx.Module):
+class Derived(Module):
     """A constant derived from hyperparameters as optax computes it, with those hyperparameters.
 
     `get(fallback, *current)` is the constant while the hyperparameters are still the ones it

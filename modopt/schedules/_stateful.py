@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import static
+from .._module import Module
 from .._numerics import safe_increment
 from ._base import AbstractSchedule, as_schedule
 
@@ -37,7 +38,7 @@ class WrappedScheduleState(NamedTuple):
     count: jax.Array  # int32 scalar
 
 
-class WrappedSchedule(eqx.Module):
+class WrappedSchedule(Module):
     """A schedule of the step count as a `StatefulSchedule` whose state is the count.
 
     `init()` is a count of 0, `update` adds 1 (saturating), and the value is
@@ -67,7 +68,7 @@ class WrappedSchedule(eqx.Module):
         return self.schedule_fn(state.count)
 
 
-class StatefulFunction(eqx.Module):
+class StatefulFunction(Module):
     """A `StatefulSchedule` that is not an Equinox module, held as code (static): its numbers,
     if any, are not leaves, and a different one retraces. Made by `as_stateful_module`.
 

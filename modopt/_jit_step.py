@@ -8,18 +8,12 @@ step needs less: `jit_step` flattens the arguments once, keys a cache by their s
 non-array leaves, and hands the arrays to a `jax.jit` function as flat tuples. The model and
 optimizer it returned are recognized when they come back as arguments (by identity: Equinox
 modules are immutable) and are not flattened again.
-
-Scalars (0-d arrays: hyperparameters, step counts) are never donated: donating four bytes
-saves nothing, and one that the step returns unchanged (every hyperparameter, step after
-step) is handed back as the same array instead of crossing the jit boundary again; a donated
-or copied output costs more per call than the arithmetic of a small model's step.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import operator
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -70,18 +64,14 @@ def _array_flags(leaves: list) -> list[bool]:
 
 class _Part:
     """The structure of one argument or output: its treedef and non-array leaves (with
-    `_ARRAY` in the arrays' places; `None` when every leaf is an array), and which array leaves
-    are scalars (`keep`, kept even where the argument is donated; `None` when none is), hashed
-    once. `plain` is the same structure without `keep`, as a part of an argument not donated."""
+    `_ARRAY` in the arrays' places; `None` when every leaf is an array), hashed once."""
 
-    __slots__ = ("donate", "hash", "keep", "plain", "statics", "treedef")
+    __slots__ = ("hash", "statics", "treedef")
 
-    def __init__(self, treedef, statics: tuple | None, keep: tuple | None = None):
-        self.treedef, self.statics, self.keep = treedef, statics, keep
-        self.donate = None if keep is None else tuple(not k for k in keep)
-        self.plain = self if keep is None else _Part(treedef, statics)
+    def __init__(self, treedef, statics: tuple | None):
+        self.treedef, self.statics = treedef, statics
         try:
-            self.hash = hash((treedef, statics, keep))
+            self.hash = hash((treedef, statics))
         except TypeError:  # an unhashable leaf: an error where it is used as (part of) a key
             self.hash = None
 
@@ -96,12 +86,9 @@ class _Part:
             and self.hash == other.hash
             and self.treedef == other.treedef
             and self.statics == other.statics
-            and self.keep == other.keep
         )
 
-    def unflatten(self, arrays: list) -> Any:
-        if self.statics is None:
-            return self.treedef.unflatten(arrays)
+    def unflatten(self, arrays: Sequence) -> Any:
         return self.take(iter(arrays))
 
     def take(self, arrays: Iterator) -> Any:
@@ -111,41 +98,13 @@ class _Part:
         return self.treedef.unflatten([next(arrays) if s is _ARRAY else s for s in self.statics])
 
 
-def _split(leaves: list, treedef, mark_scalars: bool = False) -> tuple[list, _Part]:
-    """The array leaves, and the structure of the rest (with the scalars marked if asked)."""
+def _split(leaves: list, treedef) -> tuple[list, _Part]:
+    """The array leaves, and the structure of the rest."""
     flags = _array_flags(leaves)
     if all(flags):  # a tree of arrays (a dict of parameters): no per-leaf work
-        arrays, statics = leaves, None
-    else:
-        arrays = list(itertools.compress(leaves, flags))
-        statics = tuple(_ARRAY if flag else x for flag, x in zip(flags, leaves))
-    keep = None
-    if mark_scalars:
-        scalars = [not shape for shape in map(_shape, arrays)]
-        keep = tuple(scalars) if any(scalars) else None
-    return arrays, _Part(treedef, statics, keep)
-
-
-_shape = operator.attrgetter("shape")
-
-
-class _Pick:
-    """Puts an output's array leaves back together: those the step computed, and the scalars
-    it returned unchanged, which are arguments it kept (by their indices in `kept + computed`)."""
-
-    __slots__ = ("get",)
-
-    def __init__(self, indices: list[int]):
-        getter = operator.itemgetter(*indices)
-        self.get = getter if len(indices) > 1 else (lambda seq: (getter(seq),))
-
-    def __call__(self, kept: tuple, computed: list) -> list:
-        return list(self.get(kept + tuple(computed)))
-
-
-def _interleave(keep: tuple, donated: Iterator, kept: Iterator) -> Iterator:
-    """The leaves of a donated argument in order: its scalars from `kept`, the rest from `donated`."""
-    return iter([next(kept) if k else next(donated) for k in keep])
+        return leaves, _Part(treedef, None)
+    arrays = list(itertools.compress(leaves, flags))
+    return arrays, _Part(treedef, tuple(_ARRAY if flag else x for flag, x in zip(flags, leaves)))
 
 
 class JitStep:
@@ -169,20 +128,13 @@ class JitStep:
         fed_back = 0
         try:
             for i, arg in enumerate(args):
-                donate = i in self.donate_argnums
                 record = outputs.get(id(arg))
                 if record is not None and record[0]() is arg:
-                    arrays, part = record[1], record[2] if donate else record[2].plain
+                    arrays, part = record[1], record[2]
                     fed_back += 1
                 else:
-                    arrays, part = _split(*jax.tree_util.tree_flatten(arg), donate)
-                if not donate:
-                    kept.extend(arrays)
-                elif part.keep is None:
-                    donated.extend(arrays)
-                else:  # its scalars are kept
-                    donated.extend(itertools.compress(arrays, part.donate))
-                    kept.extend(itertools.compress(arrays, part.keep))
+                    arrays, part = _split(*jax.tree_util.tree_flatten(arg))
+                (donated if i in self.donate_argnums else kept).extend(arrays)
                 parts.append(part)
             kwargs_part = None
             if kwargs:
@@ -210,37 +162,23 @@ class JitStep:
         fn = self.fn
 
         def step(donated, kept):
-            inputs, donated, kept_leaves = kept, iter(donated), iter(kept)
+            donated, kept = iter(donated), iter(kept)
             args = []
             for i, part in enumerate(parts):
-                if i not in donate:
-                    args.append(part.take(kept_leaves))
-                elif part.keep is None:
-                    args.append(part.take(donated))
-                else:
-                    args.append(part.take(_interleave(part.keep, donated, kept_leaves)))
+                source = donated if i in donate else kept
+                args.append(part.take(source))
             kwargs = {}
             if kwargs_part is not None:
-                kwargs = kwargs_part.take(kept_leaves)
+                kwargs = kwargs_part.take(kept)
             out = fn(*args, **kwargs)
-            # A kept argument returned unchanged (a hyperparameter) is not an output: the caller
-            # gets the argument itself back.
-            unchanged = {id(x): i for i, x in enumerate(inputs)}
             # Each element of a tuple output separately, so that each can be recognized when fed back.
             elements = out if type(out) is tuple else (out,)
-            arrays, structures, picks = [], [], []
+            arrays, structures = [], []
             for element in elements:
-                leaves, part = _split(*jax.tree_util.tree_flatten(element), mark_scalars=True)
-                sources = [unchanged.get(id(x), -1) for x in leaves]
-                pick = None
-                if max(sources, default=-1) >= 0:
-                    computed = itertools.count(len(inputs))
-                    pick = _Pick([i if i >= 0 else next(computed) for i in sources])
-                    leaves = [x for x, i in zip(leaves, sources) if i < 0]
-                arrays.append(leaves)
+                element_arrays, part = _split(*jax.tree_util.tree_flatten(element))
+                arrays.append(element_arrays)
                 structures.append(part)
-                picks.append(pick)
-            return arrays, _Static((type(out) is tuple, tuple(structures), tuple(picks)))
+            return arrays, _Static((type(out) is tuple, tuple(structures)))
 
         step.__name__ = getattr(fn, "__name__", "step")
         step.__qualname__ = getattr(fn, "__qualname__", step.__name__)
@@ -249,11 +187,9 @@ class JitStep:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         compiled, donated, kept = self._prepare(args, kwargs)
         arrays, static = compiled(donated, kept)
-        is_tuple, structures, picks = static.value
+        is_tuple, structures = static.value
         outputs, records = [], {}
-        for part_arrays, part, pick in zip(arrays, structures, picks):
-            if pick is not None:
-                part_arrays = pick(kept, part_arrays)
+        for part_arrays, part in zip(arrays, structures):
             obj = part.unflatten(part_arrays)
             outputs.append(obj)
             if _array_flags([obj])[0]:  # one array (a loss): nothing to save
@@ -295,9 +231,7 @@ def jit_step(fn: Callable[..., Any] | None = None, *, donate_argnums: Sequence[i
     is static: a new value of one compiles again. The outputs may hold non-array leaves too.
     The arguments at `donate_argnums` (default: the first two) are donated, so XLA updates
     their buffers in place; put them first and return them in the same order, as
-    `optimizer.step` returns `(model, optimizer)`. Their scalars (hyperparameters, step counts)
-    are not donated: the old arrays stay valid, and a scalar returned unchanged is the same
-    array, not a copy.
+    `optimizer.step` returns `(model, optimizer)`.
 
     It does less per call than `eqx.filter_jit(donate=...)` (see the module docstring): the
     step is dispatched without waiting for the previous one to finish, and a small model's

@@ -71,14 +71,9 @@ def test_donates_model_and_optimizer_not_the_batch():
     optimizer = modopt.Optimizer(modopt.adam(1e-2), model)
     old_leaves = [x for x in jax.tree_util.tree_leaves((model, optimizer)) if eqx.is_array(x)]
     x, y = jnp.copy(X), jnp.copy(Y)
-    _, new_optimizer, _ = step(model, optimizer, (x, y))
-    assert all(leaf.is_deleted() for leaf in old_leaves if leaf.ndim)
+    step(model, optimizer, (x, y))
+    assert all(leaf.is_deleted() for leaf in old_leaves)
     assert not x.is_deleted() and not y.is_deleted()
-    # Scalars are not donated; the hyperparameters, returned unchanged, come back as themselves.
-    assert not any(leaf.is_deleted() for leaf in old_leaves if not leaf.ndim)
-    hyperparameters = zip(jax.tree_util.tree_leaves(optimizer.tx), jax.tree_util.tree_leaves(new_optimizer.tx))
-    assert all(old is new for old, new in hyperparameters)
-    assert int(optimizer.count) == 0 and int(new_optimizer.count) == 1
     # XLA reuses every byte of the model's float leaves and of the optimizer's state.
     fresh = make()
     memory = step.lower(fresh, modopt.Optimizer(modopt.adam(1e-2), fresh), (X, Y)).compile().memory_analysis()

@@ -121,19 +121,25 @@ class TrainState(struct.PyTreeNode):
 
 
 class Hyperparameter(nnx.Variable):
-    """A hyperparameter of an `NnxOptimizer`'s transform: state, so changing it never retraces."""
+    """An `NnxOptimizer`'s transform, hyperparameters and all: state, so changing one never retraces."""
 
 
 class OptimizerState(nnx.Variable):
-    """A leaf of an `NnxOptimizer`'s transform state, or its step count."""
+    """An `NnxOptimizer`'s transform state (the whole tree, in one variable), or its step count."""
 
 
 class NnxOptimizer(nnx.Pytree):
     """`nnx.Optimizer` for modopt transforms: `NnxOptimizer(model, tx, wrt=nnx.Param)`.
 
-    `update(model, grads, **extra_args)` applies one step to `model` in place. The transform's
-    hyperparameters are `Hyperparameter` variables: read them with `.hyperparameters`,
+    `update(model, grads, **extra_args)` applies one step to `model` in place. The transform,
+    with its hyperparameters, is a `Hyperparameter` variable: read them with `.hyperparameters`,
     change them with `.set(learning_rate=1e-4)`, and `nnx.jit` does not retrace.
+
+    Three variables hold everything: the transform (`Hyperparameter`), its whole state
+    (`opt_state`, an `OptimizerState`; `nnx.as_pure(optimizer.opt_state)` is the transform's
+    state tree) and the step count. `nnx.jit` splits and merges every variable of its arguments
+    on every call, so one variable per hyperparameter or per state leaf (as `nnx.Optimizer` has)
+    would cost more per step than the arithmetic of a small model's update.
 
     `wrt` (an NNX filter: a variable type such as `nnx.Param`, `nnx.All(...)`, ...) selects the
     variables to train; one that selects no floating-point variable of `model` is a
@@ -166,9 +172,7 @@ class NnxOptimizer(nnx.Pytree):
         group_small_leaves: bool = True,
     ):
         tx = owned_transform(tx, "NnxOptimizer")
-        # The transform, with all its hyperparameters, is the value of one variable: `nnx.jit`
-        # splits and merges every variable of its arguments on every call, so one per leaf
-        # would cost as much as the optimizer state's (about a microsecond each here).
+        # The transform and its state are one variable each (see the class docstring).
         self._hyperparameters = Hyperparameter(tx)
         self.wrt = wrt
         # What is trained: the `wrt` variables holding floating or complex arrays (as in
@@ -183,7 +187,7 @@ class NnxOptimizer(nnx.Pytree):
             opt_state = owned_init(tx, packed(self._groups, params))
         else:
             opt_state = params_layout(tx, params, shardings, zero_axis).init(tx, params)
-        self.opt_state = nnx.data(jax.tree_util.tree_map(OptimizerState, opt_state))
+        self.opt_state = OptimizerState(opt_state)
 
     @property
     def tx(self) -> modopt.AbstractTransform:
@@ -207,10 +211,7 @@ class NnxOptimizer(nnx.Pytree):
         self._set_state(opt_state)
 
     def _set_state(self, opt_state: Any) -> None:
-        jax.tree_util.tree_map(
-            lambda variable, value: variable.set_value(value), self.opt_state, opt_state,
-            is_leaf=lambda x: isinstance(x, nnx.Variable),
-        )
+        self.opt_state.set_value(opt_state)
 
     def update(self, model: nnx.Module, grads: Any, /, **extra_args: Any) -> Any:
         """Applies the update for `grads` (from `nnx.grad` with the same `wrt`) to `model`.

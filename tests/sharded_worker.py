@@ -373,7 +373,7 @@ def nnx_optimizer() -> None:
         model = Model(nnx.Rngs(0))
         shardings = param_shardings(nnx.state(model, nnx.Param), mesh)
         optimizer = NnxOptimizer(model, modopt.adafactor(1e-2), wrt=nnx.Param, shardings=shardings, zero_axis="data")
-        v_col = optimizer.opt_state[0].v_col["hidden"]["kernel"].get_value()  # (256,): the split axis
+        v_col = nnx.as_pure(optimizer.opt_state)[0].v_col["hidden"]["kernel"]  # (256,): the split axis
         assert v_col.sharding.spec == P(("model", "data")), v_col.sharding
         batch = jax.device_put((x, y), NamedSharding(mesh, P("data")))
         for _ in range(5):

@@ -18,7 +18,11 @@ interleaved so that drift in the machine's load hits them alike. Cases:
 6. traces when the learning rate changes and when the same optimizer is rebuilt;
 7. memory of the donated step against params + grads + state (does it run in place?);
 8. every named optimizer of the catalog against its optax counterpart, on the parameter tree
-   of the MLP of case 4, as a ratio.
+   of the MLP of case 4, as a ratio;
+9. a train step of the same MLP written in Flax NNX (when Flax is installed): modopt's
+   `NnxOptimizer` against Flax's `nnx.Optimizer` with optax's adam, both under `nnx.jit` (the
+   pattern of Flax's guides) and both in `nnx.cached_partial` (the pattern Flax's performance
+   guide gives for small steps, which skips the graph traversal per call).
 
 On a GPU the same cases run unchanged (torch.optim joins only when it has CUDA), and the
 bandwidth line gives AdamW's fraction of the measured HBM bandwidth and of the device's
@@ -457,6 +461,63 @@ def catalog_case(width: int, repeats: int, names: tuple[str, ...] | None = None)
     return results
 
 
+# ---- Flax NNX ------------------------------------------------------------------------------
+
+
+def nnx_case(width: int, repeats: int) -> dict | None:
+    """A train step of case 4's MLP in Flax NNX: modopt's `NnxOptimizer` against Flax's
+    `nnx.Optimizer` (optax's adam), under `nnx.jit` and in `nnx.cached_partial`; `None` without Flax."""
+    try:
+        from flax import nnx
+
+        from modopt.integrations.flax import NnxOptimizer
+    except ImportError:
+        return None
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.layers = nnx.List(
+                [nnx.Linear(64, width, rngs=rngs), nnx.Linear(width, width, rngs=rngs), nnx.Linear(width, 10, rngs=rngs)]
+            )
+
+        def __call__(self, x):
+            for layer in self.layers[:-1]:
+                x = jax.nn.relu(layer(x))
+            return self.layers[-1](x)
+
+    x, y = jnp.ones((32, 64)), jnp.zeros((32, 10))
+
+    def train_step(model, optimizer):
+        grads = nnx.grad(lambda model: jnp.mean((model(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+
+    step = nnx.jit(train_step, donate_argnums=(0, 1))
+
+    def make(ours: bool):
+        model = MLP(nnx.Rngs(0))
+        if ours:
+            return model, NnxOptimizer(model, modopt.adam(1e-3), wrt=nnx.Param)
+        return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    def jitted(model, optimizer):
+        return lambda: (step(model, optimizer), model.layers[0].kernel[...])[1]
+
+    def cached(model, optimizer):
+        run = nnx.cached_partial(step, model, optimizer)
+        return lambda: (run(), model.layers[0].kernel[...])[1]
+
+    times = compare(
+        {
+            "modopt": jitted(*make(True)),
+            "optax": jitted(*make(False)),
+            "modopt in nnx.cached_partial": cached(*make(True)),
+            "optax in nnx.cached_partial": cached(*make(False)),
+        },
+        repeats * 10,
+    )
+    return times
+
+
 # ---- report --------------------------------------------------------------------------------
 
 
@@ -513,6 +574,10 @@ def run(size: str) -> dict:
     results["8 catalog"] = catalog_case(s["width"], s["catalog_repeats"], s["catalog"])
     results["8 catalog parameters"] = sum(p.size for p in jax.tree.leaves(mlp_params(s["width"])))
     timer("8")
+    nnx_row = nnx_case(s["width"], s["repeats"])
+    if nnx_row is not None:
+        results["9 NNX MLP train step"] = nnx_row
+    timer("9")
     results["seconds"] = time.perf_counter() - start
     results["seconds by case"] = timer.seconds
     return results
@@ -549,6 +614,9 @@ def table(results: dict) -> str:
                 note = f"modopt / {key}: {row['modopt'] / value:.2f}"
                 if isinstance(row.get(OPTIMIZER), float):
                     note += f", Optimizer / {key}: {row[OPTIMIZER] / value:.2f}"
+            elif key.startswith("modopt") and isinstance(row.get("optax" + key[6:]), float):
+                twin = "optax" + key[6:]  # the same pattern with optax (`optax in nnx.cached_partial`)
+                note = f"{key} / {twin}: {value / row[twin]:.2f}"
             elif key.startswith("modopt") and isinstance(value, float):
                 note = f"{key} / optax: {value / row['optax']:.2f}"
             else:

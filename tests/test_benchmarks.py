@@ -39,6 +39,10 @@ def test_benchmark_smoke_run(capsys, tmp_path):
         assert row["modopt"] > 0 and row["optax"] > 0
         assert any(line.startswith(name) for line in table.splitlines())
     assert "bandwidth: modopt AdamW moves" in table
+    # The NNX train step: NnxOptimizer and nnx.Optimizer under nnx.jit and in nnx.cached_partial.
+    nnx_row = results["9 NNX MLP train step"]
+    assert nnx_row["modopt"] > 0 and nnx_row["optax"] > 0 and nnx_row["optax in nnx.cached_partial"] > 0
+    assert "modopt in nnx.cached_partial / optax in nnx.cached_partial" in table
     # Written where asked, the JSON with every case.
     assert (tmp_path / "results.txt").read_text().startswith("modopt vs optax")
     assert set(json.loads((tmp_path / "results.json").read_text())) == set(results)

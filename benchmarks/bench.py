@@ -83,8 +83,11 @@ def median_seconds(run: Callable[[], Any], repeats: int, warmup: int = 3) -> flo
 def compare(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -> dict[str, float]:
     """Median seconds of each run, with the runs interleaved so that drift hits all alike.
 
-    The order alternates (forward, then backward): on short steps, whichever runs first after
-    another's run was measurably slower (up to 20% on a 0.1 ms step).
+    On short steps, a call right after another run's calls was measurably slower (up to 20% on
+    a 0.1 ms step): each sample times the second of two calls in a row (a step as it runs in
+    a training loop), and the order rotates each round, so every run is timed alike. (An
+    order alternating forward and backward gave the middle one of three runs only calls after
+    another's, the first and last ones half their calls after their own: 5% apart on the same step.)
     """
     for run in runs.values():
         for _ in range(warmup):
@@ -92,7 +95,9 @@ def compare(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3) -
     times: dict[str, list[float]] = {name: [] for name in runs}
     order = list(runs.items())
     for repeat in range(repeats):
-        for name, run in order if repeat % 2 == 0 else reversed(order):
+        shift = repeat % len(order)
+        for name, run in order[shift:] + order[:shift]:
+            jax.block_until_ready(run())  # right after another run's calls: not timed
             start = time.perf_counter()
             jax.block_until_ready(run())
             times[name].append(time.perf_counter() - start)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -88,7 +89,9 @@ class _Part:
             and self.statics == other.statics
         )
 
-    def unflatten(self, arrays: Sequence) -> Any:
+    def unflatten(self, arrays: list) -> Any:
+        if self.statics is None:
+            return self.treedef.unflatten(arrays)
         return self.take(iter(arrays))
 
     def take(self, arrays: Iterator) -> Any:
@@ -119,6 +122,11 @@ class JitStep:
         # is one of them (the model and optimizer fed back) is not flattened again: Equinox
         # modules are immutable, so its leaves are still these.
         self._outputs: dict[int, Any] = {}
+        # The structure of the last argument at each position that was not a fed-back output,
+        # reused while it recurs (a dict of parameters and a batch are flattened every call).
+        self._fresh: dict[int, _Part] = {}
+        # The last call's `(key, jitted function)`: taken when the structures are the same objects.
+        self._last: tuple | None = None
         functools.update_wrapper(self, fn)
 
     def _prepare(self, args: tuple, kwargs: dict):
@@ -133,13 +141,27 @@ class JitStep:
                     arrays, part = record[1], record[2]
                     fed_back += 1
                 else:
-                    arrays, part = _split(*jax.tree_util.tree_flatten(arg))
+                    leaves, treedef = _flatten(arg, None)
+                    part = self._fresh.get(i)
+                    if (
+                        part is not None
+                        and part.statics is None
+                        and part.treedef == treedef
+                        and all(map(_IS_ARRAY.get, map(type, leaves)))
+                    ):  # the structure of the last call's argument, still all arrays: the same object
+                        arrays = leaves
+                    else:
+                        arrays, part = _split(leaves, treedef)
+                        self._fresh[i] = part
                 (donated if i in self.donate_argnums else kept).extend(arrays)
                 parts.append(part)
             kwargs_part = None
             if kwargs:
                 arrays, kwargs_part = _split(*jax.tree_util.tree_flatten(kwargs))
                 kept.extend(arrays)
+            last = self._last
+            if last is not None and kwargs_part is None and last[0][1] is None and _identical(parts, last[0][0]):
+                return last[1], tuple(donated), tuple(kept)
             key = (tuple(parts), kwargs_part)
             entry = self._compiled.get(key)
         except TypeError as error:  # an unhashable non-array leaf
@@ -154,6 +176,7 @@ class JitStep:
             # of fed-back outputs) recur, so that the next lookups compare them by identity.
             del self._compiled[key]
             entry = self._compiled[key] = (key, entry[1])
+        self._last = (key, entry[1])  # this call's structures: those of the next one, fed back
         return entry[1], tuple(donated), tuple(kept)
 
     def _build(self, key) -> Callable[..., Any]:
@@ -190,11 +213,14 @@ class JitStep:
         is_tuple, structures = static.value
         outputs, records = [], {}
         for part_arrays, part in zip(arrays, structures):
-            obj = part.unflatten(part_arrays)
+            obj = part.treedef.unflatten(part_arrays) if part.statics is None else part.unflatten(part_arrays)
             outputs.append(obj)
-            if _array_flags([obj])[0]:  # one array (a loss): nothing to save
+            is_array = _IS_ARRAY.get(type(obj))
+            if is_array is None:
+                is_array = _array_flags([obj])[0]
+            if is_array:  # one array (a loss): nothing to save
                 continue
-            if part_arrays and isinstance(part_arrays[0], jax.core.Tracer):  # called inside a trace: keep nothing
+            if part_arrays and isinstance(part_arrays[0], _Tracer):  # called inside a trace: keep nothing
                 continue
             try:
                 records[id(obj)] = (weakref.ref(obj, self._forget), part_arrays, part)
@@ -216,6 +242,15 @@ class JitStep:
 
     def __repr__(self):
         return f"jit_step({getattr(self.fn, '__qualname__', self.fn)}, donate_argnums={self.donate_argnums})"
+
+
+def _identical(parts: list, other: tuple) -> bool:
+    """Whether two lists of argument structures are the same objects, one for one."""
+    return len(parts) == len(other) and all(map(operator.is_, parts, other))
+
+
+_Tracer = jax.core.Tracer
+_flatten = jax.tree_util.default_registry.flatten  # `tree_flatten` without its Python wrapper
 
 
 def _same_parts(key, other) -> int:

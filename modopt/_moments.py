@@ -7,8 +7,8 @@ State dtypes (`mu_dtype`, `nu_dtype`, `accumulator_dtype`; see `fields.dtype`) g
 helpers, so every transform treats them alike: `init_state` makes the zeros in the state dtype,
 `widen` reads the stored state and the gradients in the accumulation dtype (float32, or wider),
 and `store` rounds the new state to the state dtype. With the dtype `None` the three do what
-optax does: nothing beyond the dtypes the arithmetic gives. The moment functions below take the
-dtype too (`dtype=`) and widen their inputs themselves.
+optax does: nothing beyond the dtypes the arithmetic gives. `widened_update_moment` and its
+siblings are the moment updates with the widening done first.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def update_dtype(grad_dtype: Any, *dtypes: Any) -> Any:
     return jnp.result_type(grad_dtype, *(d for d in dtypes if d is not None))
 
 
-def update_moment(updates: Updates, moments: Updates, decay: Scalar, order: int, dtype: DTypeLike | None = None) -> Updates:
+def update_moment(updates: Updates, moments: Updates, decay: Scalar, order: int) -> Updates:
     """EMA of the `order`-th power: `(1 - decay) * g**order + decay * m`.
 
     Args:
@@ -115,17 +115,12 @@ def update_moment(updates: Updates, moments: Updates, decay: Scalar, order: int,
         moments: the moments `m`, with the structure of `updates`.
         decay: the decay rate, in [0, 1].
         order: the power of `g`, an integer >= 1.
-        dtype: the moments' state dtype: `g` and `m` are widened for the arithmetic (`widen`);
-            `None`: as they are.
     """
-    updates, moments = widen(updates, dtype), widen(moments, dtype)
     complement = 1 - decay  # once, not per leaf: the same value, a smaller program
     return map_updates(lambda g, m: complement * (g**order) + decay * m, updates, moments)
 
 
-def update_moment_per_elem_norm(
-    updates: Updates, moments: Updates, decay: Scalar, order: int, dtype: DTypeLike | None = None
-) -> Updates:
+def update_moment_per_elem_norm(updates: Updates, moments: Updates, decay: Scalar, order: int) -> Updates:
     """EMA of `|g|**order`, element-wise; for complex `g` the modulus is used.
 
     Args:
@@ -133,10 +128,7 @@ def update_moment_per_elem_norm(
         moments: the moments `m`, with the structure of `updates`.
         decay: the decay rate, in [0, 1].
         order: the power of `|g|`, an integer >= 1.
-        dtype: the moments' state dtype: `g` and `m` are widened for the arithmetic (`widen`);
-            `None`: as they are.
     """
-    updates, moments = widen(updates, dtype), widen(moments, dtype)
 
     def power_of_norm(g):
         if not jnp.iscomplexobj(g):
@@ -148,7 +140,7 @@ def update_moment_per_elem_norm(
     return map_updates(lambda g, m: complement * power_of_norm(g) + decay * m, updates, moments)
 
 
-def update_infinity_moment(updates: Updates, moments: Updates, decay: Scalar, eps: Scalar, dtype: DTypeLike | None = None) -> Updates:
+def update_infinity_moment(updates: Updates, moments: Updates, decay: Scalar, eps: Scalar) -> Updates:
     """EMA of the infinity norm: `max(|g| + eps, decay * m)`.
 
     Args:
@@ -156,11 +148,29 @@ def update_infinity_moment(updates: Updates, moments: Updates, decay: Scalar, ep
         moments: the running maximum `m`, with the structure of `updates`.
         decay: the decay rate, in [0, 1].
         eps: added to `|g|`, >= 0.
-        dtype: the moments' state dtype: `g` and `m` are widened for the arithmetic (`widen`);
-            `None`: as they are.
     """
-    updates, moments = widen(updates, dtype), widen(moments, dtype)
     return map_updates(lambda g, m: jnp.maximum(jnp.abs(g) + eps, decay * m), updates, moments)
+
+
+# The moment updates of a state with a state dtype: `g` and `m` widened (`widen`) first. The
+# public ones above keep optax's signatures (`modopt.tree`).
+def widened_update_moment(updates: Updates, moments: Updates, decay: Scalar, order: int, dtype: DTypeLike | None) -> Updates:
+    """`update_moment` at the accumulation precision of the state dtype `dtype` (`widen`)."""
+    return update_moment(widen(updates, dtype), widen(moments, dtype), decay, order)
+
+
+def widened_update_moment_per_elem_norm(
+    updates: Updates, moments: Updates, decay: Scalar, order: int, dtype: DTypeLike | None
+) -> Updates:
+    """`update_moment_per_elem_norm` at the accumulation precision of `dtype` (`widen`)."""
+    return update_moment_per_elem_norm(widen(updates, dtype), widen(moments, dtype), decay, order)
+
+
+def widened_update_infinity_moment(
+    updates: Updates, moments: Updates, decay: Scalar, eps: Scalar, dtype: DTypeLike | None
+) -> Updates:
+    """`update_infinity_moment` at the accumulation precision of `dtype` (`widen`)."""
+    return update_infinity_moment(widen(updates, dtype), widen(moments, dtype), decay, eps)
 
 
 @functools.partial(jax.jit, inline=True)  # compiled `pow` rounds alike in eager and jitted code

@@ -136,8 +136,14 @@ def test_sophia_mu_dtype_and_win_rate_printing_match_optax(capfd):
         outputs.append((p, state, capfd.readouterr().out))
     (ours_p, our_state, our_out), (their_p, their_state, their_out) = outputs
     assert all(mu.dtype == jnp.bfloat16 for mu in jax.tree.leaves(our_state[0].mu))
-    assert_trees_close(our_state, their_state, "state")
-    assert_trees_close(ours_p, their_p, "params")
+    # optax rounds `b1 * mu` to bfloat16 before adding the gradient; modopt accumulates in
+    # float32 and rounds once (see `modopt.fields.dtype`): the moments agree to a unit of
+    # bfloat16, and the rest of the state and the parameters to what that moves.
+    unit = float(jnp.finfo(jnp.bfloat16).eps)
+    assert_trees_close(our_state[0].mu, their_state[0].mu, "state mu", rtol=unit, atol=unit)
+    assert_trees_close(our_state[0]._replace(mu=()), their_state[0]._replace(mu=()), "state", rtol=1e-4, atol=1e-5)
+    assert_trees_close(our_state[1:], their_state[1:], "state")
+    assert_trees_close(ours_p, their_p, "params", rtol=1e-4, atol=1e-5)
     assert our_out.count("Sophia optimizer win rate") == 2  # at steps 2 and 4
     assert our_out == their_out
 

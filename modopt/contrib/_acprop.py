@@ -6,7 +6,15 @@ import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
-from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
+from .._moments import (
+    bias_correction,
+    in_update_dtype,
+    init_state,
+    store,
+    widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
+)
 from .._numerics import safe_increment
 from .._trees import map_updates
 from ..combinators import Chain
@@ -60,11 +68,11 @@ class ScaleByAcprop(AbstractTransform):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
         old_nu = widen(state.nu, self.nu_dtype)
         prediction_error = map_updates(jnp.subtract, widen(updates, self.nu_dtype), widen(state.mu, self.mu_dtype))
         eps_root = self.eps_root
-        nu = update_moment_per_elem_norm(prediction_error, old_nu, self.b2, 2, self.nu_dtype)
+        nu = widened_update_moment_per_elem_norm(prediction_error, old_nu, self.b2, 2, self.nu_dtype)
         nu = map_updates(lambda v: v + eps_root, nu)
         count = safe_increment(state.count)
         # The denominator is the previous step's; at the first step there is none, and it is 1.

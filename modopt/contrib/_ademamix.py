@@ -10,7 +10,15 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import FINITE_NONNEGATIVE, PROBABILITY_EXCLUSIVE, as_rate
-from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
+from .._moments import (
+    bias_correction,
+    in_update_dtype,
+    init_state,
+    store,
+    widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
+)
 from .._numerics import safe_increment
 from .._trees import map_updates
 from ..combinators import Chain
@@ -104,9 +112,9 @@ class ScaleByAdemamix(AbstractTransform):
     def update(self, updates, state, params=None, **extra_args):
         b3 = value_at(self.b3, state.count_m2)
         alpha = value_at(self.alpha, state.count_m2)
-        m1 = update_moment(updates, state.m1, self.b1, 1, self.mu_dtype)
-        m2 = update_moment(updates, state.m2, b3, 1, self.mu_dtype)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self._nu_dtype())
+        m1 = widened_update_moment(updates, state.m1, self.b1, 1, self.mu_dtype)
+        m2 = widened_update_moment(updates, state.m2, b3, 1, self.mu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self._nu_dtype())
         count = safe_increment(state.count)
         numerator = map_updates(
             lambda fast, slow: fast + alpha * slow, bias_correction(m1, self.b1, count), m2
@@ -232,7 +240,7 @@ class ScaleBySimplifiedAdEMAMix(AbstractTransform):
         b1 = self.b1
         grads = widen(updates, self.mu_dtype)
         m = map_updates(lambda g, m: g + b1 * m, grads, widen(state.m, self.mu_dtype))
-        n = update_moment(updates, state.n, self.b2, 2, self.nu_dtype)
+        n = widened_update_moment(updates, state.n, self.b2, 2, self.nu_dtype)
         t = safe_increment(state.t)
         numerator = map_updates(lambda g, m: m + alpha * g, grads, m)
         new_updates = moment_ratio(numerator, bias_correction(n, self.b2, t), self.eps, self.eps_root)

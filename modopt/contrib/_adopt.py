@@ -11,7 +11,15 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import Rate, static
-from .._moments import in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
+from .._moments import (
+    in_update_dtype,
+    init_state,
+    store,
+    update_moment,
+    widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
+)
 from .._numerics import safe_increment
 from .._trees import map_updates
 from ..combinators import Chain
@@ -95,14 +103,14 @@ class ScaleByAdopt(AbstractTransform):
         # uses b2 = 0 and b1 = 1).
         b2 = jnp.where(started, _value(self.b2), 0)
         b1 = jnp.where(started, _value(self.b1), 1)
-        nu = update_moment_per_elem_norm(updates, state.nu, b2, 2, self.nu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, b2, 2, self.nu_dtype)
         old_nu = widen(state.nu, self.nu_dtype)
         grads = widen(updates, self.mu_dtype)
         normalized = map_updates(lambda g, v: g / jnp.maximum(jnp.sqrt(v), self.eps), grads, old_nu)
         if self.use_clipping:
             bound = self.clip_value_fn(state.count)
             normalized = map_updates(lambda n: jnp.clip(n, -bound, bound), normalized)
-        mu = update_moment(normalized, state.mu, b1, 1, self.mu_dtype)
+        mu = widened_update_moment(normalized, state.mu, b1, 1, self.mu_dtype)
         new_updates = update_moment(normalized, mu, b1, 1) if self.nesterov else mu
         new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
         return new_updates, ScaleByAdamState(

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform
 from .._fields import choice, hyperparameter, static
-from .._moments import in_update_dtype, init_state, store, update_moment, widen
+from .._moments import in_update_dtype, init_state, store, widen, widened_update_moment
 from .._numerics import safe_increment
 from .._specs import REPLICATED
 from ..combinators import Chain
@@ -135,7 +135,7 @@ class ScaleByMuon(AbstractTransform):
 
     def update(self, updates, state, params=None, **extra_args):
         axes = self._axes(updates)
-        mu = update_moment(updates, state.mu, self.beta, 1, self.mu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.beta, 1, self.mu_dtype)
         count = safe_increment(state.count)
         mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.beta, count, self.nesterov)
         flat, treedef = jax.tree_util.tree_flatten(mu_hat)

@@ -13,7 +13,14 @@ from .. import fields
 from .._base import AbstractComposite, AbstractTransform, as_transform, require_params
 from .._extra_args import ExtraArg, extra_arg
 from .._fields import NONNEGATIVE, NONNEGATIVE_INTEGER, POSITIVE_INTEGER, as_key, hyperparameter, static
-from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, widen
+from .._moments import (
+    bias_correction,
+    in_update_dtype,
+    init_state,
+    store,
+    widen,
+    widened_update_moment,
+)
 from .._numerics import safe_increment
 from .._specs import follow_params
 from ..combinators import Chain
@@ -185,7 +192,7 @@ class ScaleBySophia(AbstractTransform):
         require_params(params, self)
         count = safe_increment(state.count)
         grads = updates
-        mu = update_moment(grads, state.mu, self.b1, 1, self.mu_dtype)
+        mu = widened_update_moment(grads, state.mu, self.b1, 1, self.mu_dtype)
         mu_hat = bias_correction(mu, self.b1, count)
         updates = jax.tree_util.tree_map(
             lambda m, h: m / jnp.maximum(self.gamma * h, self.eps), mu_hat, widen(state.nu, self.nu_dtype)
@@ -200,7 +207,7 @@ class ScaleBySophia(AbstractTransform):
             diagonal, hessian_state = self.hessian_diagonal_fn.update(
                 grads, hessian_state, params, **extra_args
             )
-            return hessian_state, store(update_moment(diagonal, nu, self.b2, 1, self.nu_dtype), self.nu_dtype, nu)
+            return hessian_state, store(widened_update_moment(diagonal, nu, self.b2, 1, self.nu_dtype), self.nu_dtype, nu)
 
         hessian_state, nu = jax.lax.cond(
             state.count % self.update_interval == 0,

@@ -10,7 +10,14 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import UNIT, static
-from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, widen
+from .._moments import (
+    bias_correction,
+    in_update_dtype,
+    init_state,
+    store,
+    widen,
+    widened_update_moment,
+)
 from .._numerics import safe_increment
 from .._trees import map_updates
 from .._fields import Scalar
@@ -80,7 +87,7 @@ class Ema(AbstractTransform):
         return EmaState(count=jnp.zeros([], jnp.int32), ema=init_state(params, self.accumulator_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
-        new_ema = update_moment(updates, state.ema, self.decay, 1, self.accumulator_dtype)
+        new_ema = widened_update_moment(updates, state.ema, self.decay, 1, self.accumulator_dtype)
         count = safe_increment(state.count)
         new_updates = bias_correction(new_ema, self.decay, count) if self.debias else new_ema
         new_updates = in_update_dtype(new_updates, updates, self.accumulator_dtype)

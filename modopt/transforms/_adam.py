@@ -16,10 +16,10 @@ from .._moments import (
     in_update_dtype,
     init_state,
     store,
-    update_infinity_moment,
-    update_moment,
-    update_moment_per_elem_norm,
     widen,
+    widened_update_infinity_moment,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
 )
 from .._numerics import safe_increment
 from .._trees import is_none
@@ -99,8 +99,8 @@ class ScaleByAdam(AbstractTransform):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
         mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.b1, count, self.nesterov)
         nu_hat = bias_correction(nu, self.b2, count)
@@ -141,8 +141,8 @@ class ScaleByAdamax(AbstractTransform):
 
     def update(self, updates, state, params=None, **extra_args):
         count = safe_increment(state.count)
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
-        nu = update_infinity_moment(updates, state.nu, self.b2, self.eps, self.nu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = widened_update_infinity_moment(updates, state.nu, self.b2, self.eps, self.nu_dtype)
         new_updates = jax.tree_util.tree_map(lambda m, v: m / v, bias_correction(mu, self.b1, count), nu)
         new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
         return new_updates, ScaleByAdamState(count=count, mu=store(mu, self.mu_dtype), nu=store(nu, self.nu_dtype))
@@ -203,8 +203,8 @@ class ScaleByAmsgrad(AbstractTransform):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
         mu_hat = bias_correction(mu, self.b1, count) if self.bias_correction_mu else mu
         nu_hat = bias_correction(nu, self.b2, count) if self.bias_correction_nu else nu

@@ -12,7 +12,15 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import resolve_tree
-from .._moments import bias_correction, init_state, state_dtype_for, store, update_dtype, update_moment, widen
+from .._moments import (
+    bias_correction,
+    init_state,
+    state_dtype_for,
+    store,
+    update_dtype,
+    widen,
+    widened_update_moment,
+)
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
 from .._trees import abs_sq
@@ -246,8 +254,8 @@ class ScaleByAdamMini(AbstractTransform):
         rules = self._rules(updates)
         g, treedef = jax.tree_util.tree_flatten(updates)
         squares = [block_mean(r, abs_sq(x)) for r, x in zip(rules, widen(g, self.nu_dtype))]
-        nu = update_moment(squares, treedef.flatten_up_to(state.nu), self.b2, 1, self.nu_dtype)
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = widened_update_moment(squares, treedef.flatten_up_to(state.nu), self.b2, 1, self.nu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
         count = safe_increment(state.count)
         mu_hat = treedef.flatten_up_to(bias_correction(mu, self.b1, count))
         rms = [jnp.sqrt(v) + self.eps for v in bias_correction(nu, self.b2, count)]

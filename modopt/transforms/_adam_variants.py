@@ -10,7 +10,15 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter, static
-from .._moments import bias_correction, in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
+from .._moments import (
+    bias_correction,
+    in_update_dtype,
+    init_state,
+    store,
+    widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
+)
 from .._numerics import safe_increment
 from .._trees import abs_sq, map_updates, select, zeros_like
 from ._adam import ScaleByAdamState, debiased_mu, moment_ratio
@@ -72,9 +80,9 @@ class ScaleByBelief(AbstractTransform):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
         prediction_error = map_updates(jnp.subtract, widen(updates, self.nu_dtype), mu)
-        nu = update_moment_per_elem_norm(prediction_error, state.nu, self.b2, 2, self.nu_dtype)
+        nu = widened_update_moment_per_elem_norm(prediction_error, state.nu, self.b2, 2, self.nu_dtype)
         nu = map_updates(lambda v: v + self.eps_root, nu)
         count = safe_increment(state.count)
         mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.b1, count, self.nesterov)
@@ -120,7 +128,7 @@ class ScaleByYogi(AbstractTransform):
 
     def update(self, updates, state, params=None, **extra_args):
         b2 = self.b2
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
         nu = map_updates(
             lambda g, v: v - (1 - b2) * jnp.sign(v - abs_sq(g)) * abs_sq(g),
             widen(updates, self.nu_dtype),
@@ -173,8 +181,8 @@ class ScaleByRadam(AbstractTransform):
         return _adam_state(params, self.mu_dtype, self.nu_dtype)
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.b1, 1, self.mu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
         # In float32 from the rate's exact complement (optax works in double precision): the two
         # agree to rounding, about 1e-4 at b2 = 0.999, which moves r_t just past the threshold.
@@ -246,10 +254,10 @@ class ScaleByAdan(AbstractTransform):
         b1, b2, b3 = self.b1, self.b2, self.b3
         grads = widen(updates, self.mu_dtype)
         diff = select(state.t == 0, zeros_like(grads), map_updates(jnp.subtract, grads, widen(state.g, self.mu_dtype)))
-        m = update_moment(grads, state.m, b1, 1, self.mu_dtype)
-        v = update_moment(diff, state.v, b2, 1, self.mu_dtype)
+        m = widened_update_moment(grads, state.m, b1, 1, self.mu_dtype)
+        v = widened_update_moment(diff, state.v, b2, 1, self.mu_dtype)
         corrected = map_updates(lambda g, d: g + (1 - b2) * d, widen(grads, self.nu_dtype), widen(diff, self.nu_dtype))
-        n = update_moment_per_elem_norm(corrected, state.n, b3, 2, self.nu_dtype)
+        n = widened_update_moment_per_elem_norm(corrected, state.n, b3, 2, self.nu_dtype)
         t = safe_increment(state.t)
         direction = jax.tree_util.tree_map(
             lambda m_hat, v_hat: m_hat + (1 - b2) * v_hat, bias_correction(m, b1, t), bias_correction(v, b2, t)

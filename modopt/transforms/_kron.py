@@ -14,7 +14,13 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, prng_key, static
-from .._moments import bias_correction, init_state, store, update_dtype, update_moment
+from .._moments import (
+    bias_correction,
+    init_state,
+    store,
+    update_dtype,
+    widened_update_moment,
+)
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
 from .._trees import cast_like
@@ -308,7 +314,7 @@ class ScaleByKron(AbstractTransform):
         do_update = jax.random.uniform(coin_key) < probability
         balance = jax.random.uniform(balance_key) < self.balance_prob
 
-        momentum = update_moment(updates, state.momentum, self.b1, 1, self.mu_dtype)
+        momentum = widened_update_moment(updates, state.momentum, self.b1, 1, self.mu_dtype)
         if self.mu_dtype is None:  # rounded to the params' dtype before use, as the reference
             momentum = cast_like(momentum, state.momentum)
         debiased = bias_correction(momentum, self.b1, count)

@@ -9,7 +9,15 @@ import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractTransform
-from .._moments import bias_correction, init_state, store, update_dtype, update_moment, update_moment_per_elem_norm, widen
+from .._moments import (
+    bias_correction,
+    init_state,
+    store,
+    update_dtype,
+    widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
+)
 from .._numerics import safe_increment
 from .._trees import map_updates
 from ._adam import moment_ratio
@@ -71,9 +79,9 @@ class ScaleByLaprop(AbstractTransform):
 
     def update(self, updates, state, params=None, **extra_args):
         count = safe_increment(state.count)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, self.b2, 2, self.nu_dtype)
         normalized = moment_ratio(widen(updates, self.mu_dtype), bias_correction(nu, self.b2, count), self.eps)
-        mu = update_moment(normalized, state.mu, self.b1, 1, self.mu_dtype)
+        mu = widened_update_moment(normalized, state.mu, self.b1, 1, self.mu_dtype)
         # In the gradients' dtype (promoted with the state dtypes that are set).
         dtype = lambda g: update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)  # noqa: E731
         new_updates = map_updates(lambda m, g: m.astype(dtype(g)), bias_correction(mu, self.b1, count), updates)

@@ -10,7 +10,15 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, POSITIVE, hyperparameter
-from .._moments import bias_correction, init_state, store, update_dtype, update_moment, update_moment_per_elem_norm, widen
+from .._moments import (
+    bias_correction,
+    init_state,
+    store,
+    update_dtype,
+    widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
+)
 from .._numerics import safe_increment
 from .._trees import abs_sq, map_updates
 from ._adam import moment_ratio
@@ -97,8 +105,8 @@ class ScaleByMars(AbstractTransform):
         scale = self.gamma * self.b1 / (1 - self.b1)
         grads, last = widen(updates, self.mu_dtype), widen(state.last_grad, self.mu_dtype)
         c = map_updates(lambda g, last: corrected_gradient(g, last, scale, self.max_norm), grads, last)
-        mu = update_moment(c, state.mu, self.b1, 1, self.mu_dtype)
-        nu = update_moment_per_elem_norm(c, state.nu, self.b2, 2, self.nu_dtype)
+        mu = widened_update_moment(c, state.mu, self.b1, 1, self.mu_dtype)
+        nu = widened_update_moment_per_elem_norm(c, state.nu, self.b2, 2, self.nu_dtype)
         count = safe_increment(state.count)
         new_updates = moment_ratio(bias_correction(mu, self.b1, count), bias_correction(nu, self.b2, count), self.eps)
         new_state = ScaleByMarsState(

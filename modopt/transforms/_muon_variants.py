@@ -25,8 +25,9 @@ from .._moments import (
     store,
     update_dtype,
     update_moment,
-    update_moment_per_elem_norm,
     widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
 )
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
@@ -116,7 +117,7 @@ class _AbstractMuonVariant(AbstractTransform):
         Newton-Schulz on each matrix (of the sign of the momentum where `signed`), each `O` in
         the dtype of the update (the gradient's, promoted with the state dtypes that are set)."""
         axes = self._axes(updates)
-        mu = update_moment(updates, state.mu, self.beta, 1, self.mu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.beta, 1, self.mu_dtype)
         look = _look_ahead(widen(updates, self.mu_dtype), mu, self.beta, self.nesterov)
         flat, treedef = jax.tree_util.tree_flatten(look)
         ortho = [
@@ -218,7 +219,7 @@ class ScaleByNorMuon(_AbstractMuonVariant):
         new_nu, out = [], []
         for o, old_nu, leaf_axes in zip(ortho, jax.tree_util.tree_leaves(state.nu), axes):
             row = jnp.mean(abs_sq(o), axis=leaf_axes[1], keepdims=True)
-            nu = update_moment(row, old_nu, self.b2, 1, self.nu_dtype)
+            nu = widened_update_moment(row, old_nu, self.b2, 1, self.nu_dtype)
             normalized = o / (jnp.sqrt(nu) + self.eps).astype(o.dtype)
             if self.consistent_rms is None:
                 ratio = _frobenius(o, leaf_axes) / (_frobenius(normalized, leaf_axes) + self.eps)
@@ -325,7 +326,7 @@ class ScaleByAdaMuon(_AbstractMuonVariant):
 
     def update(self, updates, state, params=None, **extra_args):
         axes, mu, ortho, treedef, count = self._orthogonalized(updates, state, self.sign_stabilization)
-        nu = update_moment_per_elem_norm(treedef.unflatten(ortho), state.nu, self.b2, 2, self.nu_dtype)
+        nu = widened_update_moment_per_elem_norm(treedef.unflatten(ortho), state.nu, self.b2, 2, self.nu_dtype)
         nu_hat = jax.tree_util.tree_leaves(bias_correction(nu, self.b2, count))
         out = [
             rms_aligned(

@@ -11,7 +11,14 @@ from .. import fields
 from .._base import AbstractTransform
 from .._fields import static
 from .._moments import bias_correction as debias
-from .._moments import in_update_dtype, init_state, store, update_moment, update_moment_per_elem_norm, widen
+from .._moments import (
+    in_update_dtype,
+    init_state,
+    store,
+    widen,
+    widened_update_moment,
+    widened_update_moment_per_elem_norm,
+)
 from .._numerics import safe_increment
 from .._trees import abs_sq, map_updates
 from .._fields import Scalar
@@ -137,7 +144,7 @@ class ScaleByRms(AbstractTransform):
         return ScaleByRmsState(nu=nu)
 
     def update(self, updates, state, params=None, **extra_args):
-        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2, self.nu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, self.decay, 2, self.nu_dtype)
         count, (nu_hat,) = _count_and_debias(state, self.bias_correction, self.decay, nu)
         new_updates = map_updates(lambda g, v: _inverse_root(v, self.eps, self.eps_in_sqrt) * g, updates, nu_hat)
         updates, nu = in_update_dtype(new_updates, updates, self.nu_dtype), store(nu, self.nu_dtype)
@@ -184,8 +191,8 @@ class ScaleByStddev(AbstractTransform):
         return ScaleByRStdDevState(mu=mu, nu=nu)
 
     def update(self, updates, state, params=None, **extra_args):
-        mu = update_moment(updates, state.mu, self.decay, 1, self.mu_dtype)
-        nu = update_moment_per_elem_norm(updates, state.nu, self.decay, 2, self.nu_dtype)
+        mu = widened_update_moment(updates, state.mu, self.decay, 1, self.mu_dtype)
+        nu = widened_update_moment_per_elem_norm(updates, state.nu, self.decay, 2, self.nu_dtype)
         count, (mu_hat, nu_hat) = _count_and_debias(state, self.bias_correction, self.decay, mu, nu)
         scale = lambda m, v: _inverse_root(v - abs_sq(m), self.eps, self.eps_in_sqrt)  # noqa: E731
         new_updates = map_updates(lambda g, m, v: scale(m, v) * g, updates, mu_hat, nu_hat)
@@ -228,11 +235,11 @@ class ScaleByAdadelta(AbstractTransform):
         return ScaleByAdaDeltaState(e_g=init_state(params, self.nu_dtype), e_x=init_state(params, self.nu_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
-        e_g = update_moment(updates, state.e_g, self.rho, 2, self.nu_dtype)
+        e_g = widened_update_moment(updates, state.e_g, self.rho, 2, self.nu_dtype)
         e_x = widen(state.e_x, self.nu_dtype)
         ratio = lambda g, eg, ex: (jnp.sqrt(ex + self.eps) / jnp.sqrt(eg + self.eps)) * g  # noqa: E731
         new_updates = map_updates(ratio, updates, e_g, e_x)
-        e_x = update_moment(new_updates, e_x, self.rho, 2, self.nu_dtype)
+        e_x = widened_update_moment(new_updates, e_x, self.rho, 2, self.nu_dtype)
         return in_update_dtype(new_updates, updates, self.nu_dtype), ScaleByAdaDeltaState(e_g=store(e_g, self.nu_dtype), e_x=store(e_x, self.nu_dtype))
 
 

@@ -12,7 +12,14 @@ from jax.sharding import PartitionSpec
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import UNIT
-from .._moments import in_update_dtype, init_state, state_dtype_for, store, update_moment, widen
+from .._moments import (
+    in_update_dtype,
+    init_state,
+    state_dtype_for,
+    store,
+    widen,
+    widened_update_moment,
+)
 from .._specs import REPLICATED, padded
 from ._real_only import reject_complex
 from .._fields import Scalar
@@ -78,7 +85,7 @@ class ScaleBySM3(AbstractTransform):
         normalized = [
             g * jnp.where(v > 0, jax.lax.rsqrt(v + self.eps), 0.0) for g, v in zip(grads, sums)
         ]
-        nu = update_moment(treedef.unflatten(normalized), state.nu, self.b1, 1, self.mu_dtype)
+        nu = widened_update_moment(treedef.unflatten(normalized), state.nu, self.b1, 1, self.mu_dtype)
         mu = treedef.unflatten([_reduce_to_accumulators(v) for v in sums])
         new_updates = in_update_dtype(nu, updates, self.mu_dtype, self.nu_dtype)
         return new_updates, ScaleBySM3State(mu=store(mu, self.nu_dtype, state.mu), nu=store(nu, self.mu_dtype, state.nu))

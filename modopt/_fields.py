@@ -369,14 +369,14 @@ def validate_hyperparameters(module: eqx.Module) -> None:
     Checks, for every hyperparameter field, that the value is of an accepted kind (a number,
     a schedule, `None` only where `None` is the default), and a concrete number passes the
     field's `Check`; that every `choice` field holds one of its options, and every `fields.dtype`
-    field a floating dtype or `None`. Traced values (inside `jit`) cannot be inspected and are
+    field a floating (or complex) dtype or `None`. Traced values (inside `jit`) cannot be inspected and are
     skipped.
     """
     for f in dataclasses.fields(module):
         if _DTYPE in f.metadata and (violation := _dtype_violation(getattr(module, f.name))):
             raise ValueError(
-                f"Invalid {f.name}: {violation} (must be a floating dtype such as jnp.float32 or jnp.bfloat16, "
-                f"or None for the default) in {type(module).__name__}."
+                f"Invalid {f.name}: {violation} (must be a floating dtype such as jnp.float32 or jnp.bfloat16 "
+                f"(or a complex one), or None for the default) in {type(module).__name__}."
             )
         if _CHOICES in f.metadata and getattr(module, f.name) not in f.metadata[_CHOICES]:
             options = ", ".join(map(repr, f.metadata[_CHOICES]))
@@ -484,12 +484,12 @@ def dtype_field_names(module: eqx.Module, of: str = "state") -> tuple[str, ...]:
 
 
 def _dtype_violation(value: Any) -> str | None:
-    """Why `value` is no floating dtype (the dtypes of state and hyperparameters are real floats)."""
+    """Why `value` is no floating dtype (complex ones pass too: optax accepts them for state)."""
     if value is None:
         return None
     if not isinstance(value, np.dtype):
         return f"{_shown(value)} is not a dtype"
-    if not jnp.issubdtype(value, jnp.floating):
+    if not jnp.issubdtype(value, jnp.inexact):
         return f"{value} is not a floating dtype"
     return None
 

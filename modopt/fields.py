@@ -127,8 +127,9 @@ def dtype(default: Any = None, *, of: str = "state", **kwargs: Any):
     storage. So `nu_dtype=jnp.float32` on bfloat16 parameters gives float32 arithmetic, and
     `mu_dtype=jnp.bfloat16` on float32 parameters halves the memory of the first moment while
     each step still accumulates in float32. For complex parameters the state is complex with
-    the precision the dtype names (`complex64` for `float32` or `bfloat16`). Dtypes must be
-    real floating dtypes; anything else is an error naming the argument and the transform.
+    the precision the dtype names (`complex64` for `float32` or `bfloat16`; optax would drop the
+    imaginary part). Dtypes must be floating (a complex one, which optax accepts too, makes the
+    state complex); anything else is an error naming the argument and the transform.
 
     Args:
         default: the default dtype; `None` for the params' dtype.

@@ -4,8 +4,9 @@
 that is itself a pytree, holding the module. It does so in a Python `__getattribute__`, so
 every attribute read pays a Python call, `__dict__` included, which the generated flatten
 function of each module reads twice. A `jax.jit` call flattens its arguments every time:
-the modules of a transform passed to a jitted step (the transform, each decay rate) cost
-about 2 microseconds each this way, a few percent of a small model's step.
+each module of a transform passed to a jitted step (the transform, each decay rate) cost
+about 2.4 microseconds of dispatch this way on this project's 2-core machine, 0.5 with
+plain attribute reads (a few percent of a small model's 0.2 ms step for Adam's three).
 
 Here methods are read through a descriptor that builds the same bound method, and every
 other attribute read is Python's own: the same objects, the same pytrees, the cost of a

@@ -51,6 +51,34 @@ def init_state(tree: Any, dtype: Any = None, fill_value: Any = 0) -> Any:
     return jax.tree_util.tree_map(lambda x: jnp.full_like(x, fill_value, state_dtype_for(dtype, jnp.result_type(x))), tree)
 
 
+def copy_state(tree: Any, dtype: Any = None) -> Any:
+    """A copy of `tree` (the params: a starting point or reference point kept in the state),
+    stored in the state dtype `dtype` (`None`: each leaf's own). A copy, not the same arrays:
+    the state is donated to jitted steps alongside the parameters.
+
+    Args:
+        tree: a pytree of arrays (the params).
+        dtype: the state dtype; `None` for each leaf's own (optax's default).
+    """
+    if dtype is None:
+        return jax.tree_util.tree_map(jnp.copy, tree)
+    return jax.tree_util.tree_map(lambda x: jnp.array(x, state_dtype_for(dtype, jnp.result_type(x)), copy=True), tree)
+
+
+def scalar_dtype(dtype: Any, *dtypes: Any) -> Any:
+    """The dtype of a transform's running scalars (a step-size estimate, a loss average) kept
+    in `dtype` (the parameters' lowest, as optax keeps them): widened to the state dtypes that
+    are set (`None` entries are ignored) where one is wider, so float32 state dtypes on
+    bfloat16 parameters leave no bfloat16 scalar, and bfloat16 ones leave float32 scalars as
+    they are. Unchanged when no state dtype is set.
+
+    Args:
+        dtype: the scalars' dtype without state dtypes.
+        *dtypes: the transform's state dtypes (`None` for those not set).
+    """
+    return jnp.result_type(dtype, *(d for d in dtypes if d is not None))
+
+
 def widen(tree: Any, dtype: Any) -> Any:
     """`tree` (stored state, or the gradients that update it) read for the arithmetic of a
     state of dtype `dtype`: each leaf widened to float32 at least (float64 and complex leaves

@@ -17,20 +17,23 @@ from .. import fields
 from .._base import AbstractTransform, require_params
 from .._fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, Rate, hyperparameter, static
 from .._numerics import safe_increment
-from .._trees import vdot, zeros_like
+from .._trees import vdot
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms._real_only import reject_complex
 from ._mechanic import _lowest_dtype
 from .._fields import Scalar
+from .._moments import copy_state, in_update_dtype, init_state, scalar_dtype, store, widen
+from jax.typing import DTypeLike
 
 
 class DAdaptAdamWState(NamedTuple):
     """The state of `dadapt_adamw`.
 
-    exp_avg: the EMA of `dlr * g` (the first moment, learning rate included), like the params.
-    exp_avg_sq: the EMA of `g**2`, like the params.
-    grad_sum: the EMA (decay `sqrt(b2)`) of `dlr * g`, like the params.
-    estim_lr: the current estimate `d` of the distance to a solution (a scalar).
+    exp_avg: the EMA of `dlr * g` (the first moment, learning rate included), like the params
+        (in `mu_dtype` if set).
+    exp_avg_sq: the EMA of `g**2`, like the params (in `nu_dtype` if set).
+    grad_sum: the EMA (decay `sqrt(b2)`) of `dlr * g`, like the params (in `mu_dtype` if set).
+    estim_lr: the current estimate `d` of the distance to a solution (a scalar, see `_scalars_dtype`).
     numerator_weighted: the EMA (decay `sqrt(b2)`) of `dlr * <g, grad_sum / (sqrt(exp_avg_sq) + eps)>`.
     count: updates made so far (int32 scalar).
     """
@@ -46,10 +49,12 @@ class DAdaptAdamWState(NamedTuple):
 class ProdigyState(NamedTuple):
     """The state of `prodigy`.
 
-    exp_avg: the EMA of `d * g`, like the params.
-    exp_avg_sq: the EMA of `(d * g)**2`, like the params.
-    grad_sum: the weighted sum (decay `beta3`) of the gradients, like the params.
-    params0: the initial parameters, from which the distance `d` is estimated.
+    exp_avg: the EMA of `d * g`, like the params (in `mu_dtype` if set).
+    exp_avg_sq: the EMA of `(d * g)**2`, like the params (in `nu_dtype` if set).
+    grad_sum: the weighted sum (decay `beta3`) of the gradients, like the params (in `mu_dtype`
+        if set).
+    params0: the initial parameters, from which the distance `d` is estimated (in
+        `param_dtype` if set).
     estim_lr: the current estimate `d` of the distance to a solution (a scalar).
     numerator_weighted: the weighted sum (decay `beta3`) of `d * dlr * <g, params0 - params>`.
     count: updates made so far (int32 scalar).
@@ -98,10 +103,18 @@ def adam_bias_correction(beta1: Rate, beta2: Rate, count: jax.Array) -> jax.Arra
 
 
 def _moments_init(params: Any, owner: Any) -> tuple[Any, Any, Any, Any]:
-    """Zeros for the two moments and the gradient sum, and the scalars' dtype."""
+    """Zeros for the two moments and the gradient sum (in `mu_dtype`, `nu_dtype`, `mu_dtype`),
+    and the scalars' dtype: the parameters' lowest, widened to the state dtypes that are set
+    (`scalar_dtype`)."""
     reject_complex(params, owner)
-    dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
-    return zeros_like(params), zeros_like(params), zeros_like(params), dtype
+    dtypes = state_dtypes(owner)
+    dtype = scalar_dtype(_lowest_dtype(jax.tree_util.tree_leaves(params)), *dtypes)
+    return init_state(params, owner.mu_dtype), init_state(params, owner.nu_dtype), init_state(params, owner.mu_dtype), dtype
+
+
+def state_dtypes(owner: Any) -> tuple[Any, ...]:
+    """The state dtypes of `owner` (`DAdaptAdamW` or `Prodigy`), `None` for those not set."""
+    return owner.mu_dtype, owner.nu_dtype, getattr(owner, "param_dtype", None)
 
 
 class DAdaptAdamW(AbstractTransform):
@@ -130,6 +143,14 @@ class DAdaptAdamW(AbstractTransform):
         eps: added to the square root of the second moment, >= 0.
         estim_lr0: the initial (under-)estimate `d` of the distance to a solution, > 0.
         weight_decay: the strength of AdamW's decoupled weight decay, multiplied by `dlr`.
+        mu_dtype: the dtype of the first moment `m` and of the gradient sum `s` (modopt's,
+            keyword-only); `None` keeps the parameters' dtype (see `fields.dtype`: state dtypes
+            are accumulated in float32 and stored in this dtype).
+        nu_dtype: the dtype of the second moment `v` (keyword-only); `None` keeps the
+            parameters' dtype.
+
+    The scalars `d` and `n` take the parameters' lowest dtype, or a wider state dtype that
+    is set.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.dadapt_adamw(), model)
@@ -144,6 +165,8 @@ class DAdaptAdamW(AbstractTransform):
     eps: Scalar = fields.eps(1e-8)
     estim_lr0: Scalar = hyperparameter(1e-6, check=POSITIVE)
     weight_decay: Scalar = hyperparameter(0.0, check=FINITE)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         check_betas(self.betas, "DAdaptAdamW")
@@ -169,16 +192,20 @@ class DAdaptAdamW(AbstractTransform):
         dlr = (state.estim_lr * sched * like(adam_bias_correction(beta1, beta2, count), state.estim_lr)).astype(nw.dtype)
         eps = self.eps
 
-        weighted_sum = jax.tree_util.tree_map(lambda s, v: s / (jnp.sqrt(v) + eps), state.grad_sum, state.exp_avg_sq)
+        mu_dtype, nu_dtype = self.mu_dtype, self.nu_dtype
+        # With state dtypes, the stored state and the gradients are read in float32 (`widen`).
+        old_sum, old_sq = widen(state.grad_sum, mu_dtype), widen(state.exp_avg_sq, nu_dtype)
+        weighted_sum = jax.tree_util.tree_map(lambda s, v: s / (jnp.sqrt(v) + eps), old_sum, old_sq)
         numerator_acum = vdot(updates, weighted_sum)
+        g_mu, g_nu = widen(updates, mu_dtype), widen(updates, nu_dtype)
         exp_avg = jax.tree_util.tree_map(
-            lambda m, g: like(beta1.value, m) * m + like(beta1.complement, m) * dlr * g, state.exp_avg, updates
+            lambda m, g: like(beta1.value, m) * m + like(beta1.complement, m) * dlr * g, widen(state.exp_avg, mu_dtype), g_mu
         )
         exp_avg_sq = jax.tree_util.tree_map(
-            lambda v, g: like(beta2.value, v) * v + like(beta2.complement, v) * g * g, state.exp_avg_sq, updates
+            lambda v, g: like(beta2.value, v) * v + like(beta2.complement, v) * g * g, old_sq, g_nu
         )
         grad_sum = jax.tree_util.tree_map(
-            lambda s, g: like(root.value, s) * s + like(root.complement, s) * dlr * g, state.grad_sum, updates
+            lambda s, g: like(root.value, s) * s + like(root.complement, s) * dlr * g, old_sum, g_mu
         )
         grad_sum_l1 = _l1(grad_sum)
         nw = like(root.value, nw) * nw + like(root.complement, nw) * dlr * numerator_acum
@@ -187,7 +214,15 @@ class DAdaptAdamW(AbstractTransform):
         new_updates = jax.tree_util.tree_map(
             lambda m, v, p: -wd * dlr * p - m / (jnp.sqrt(v) + eps), exp_avg, exp_avg_sq, params
         )
-        return new_updates, DAdaptAdamWState(exp_avg, exp_avg_sq, grad_sum, estim_lr, nw, count)
+        new_updates = in_update_dtype(new_updates, updates, mu_dtype, nu_dtype)
+        return new_updates, DAdaptAdamWState(
+            store(exp_avg, mu_dtype, state.exp_avg),
+            store(exp_avg_sq, nu_dtype, state.exp_avg_sq),
+            store(grad_sum, mu_dtype, state.grad_sum),
+            estim_lr,
+            nw,
+            count,
+        )
 
     def learning_rates(self, state):
         return {"learning_rate": value_at(self.learning_rate, state.count)}
@@ -223,6 +258,17 @@ class Prodigy(AbstractTransform):
         weight_decay: the strength of AdamW's decoupled weight decay, multiplied by `dlr`.
         safeguard_warmup: leave the learning rate out of the gradient sum `s` (the denominator of
             the estimate), which keeps `d` from growing too fast during a warmup (static).
+        mu_dtype: the dtype of the first moment `m` and of the gradient sum `s` (modopt's,
+            keyword-only); `None` keeps the parameters' dtype (see `fields.dtype`: state dtypes
+            are accumulated in float32 and stored in this dtype).
+        nu_dtype: the dtype of the second moment `v` (keyword-only); `None` keeps the
+            parameters' dtype.
+        param_dtype: the dtype of the copy of the initial parameters `params0` (keyword-only);
+            `None` keeps the parameters' dtype. The distance `params0 - params` is taken in
+            float32 at least.
+
+    The scalars `d` and `n` take the parameters' lowest dtype, or a wider state dtype that
+    is set.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.prodigy(), model)
@@ -240,6 +286,9 @@ class Prodigy(AbstractTransform):
     estim_lr_coef: Scalar = hyperparameter(1.0, check=NONNEGATIVE)
     weight_decay: Scalar = hyperparameter(0.0, check=FINITE)
     safeguard_warmup: bool = static(default=False)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         check_betas(self.betas, "Prodigy")
@@ -250,8 +299,7 @@ class Prodigy(AbstractTransform):
             exp_avg=exp_avg,
             exp_avg_sq=exp_avg_sq,
             grad_sum=grad_sum,
-            # A copy: the state is donated to jitted steps alongside the parameters.
-            params0=jax.tree_util.tree_map(jnp.copy, params),
+            params0=copy_state(params, self.param_dtype),
             estim_lr=jnp.asarray(self.estim_lr0, dtype),
             numerator_weighted=jnp.zeros([], dtype),
             count=jnp.zeros([], jnp.int32),
@@ -266,16 +314,22 @@ class Prodigy(AbstractTransform):
         d, d0, eps = state.estim_lr, self.estim_lr0, self.eps
         dlr = jnp.asarray(d * sched * like(adam_bias_correction(beta1, beta2, count), d), d.dtype)
 
-        dg = jax.tree_util.tree_map(lambda g: d * g, updates)
-        numerator_acum = vdot(updates, jax.tree_util.tree_map(lambda p0, p: p0 - p, state.params0, params))
+        mu_dtype, nu_dtype, param_dtype = self.mu_dtype, self.nu_dtype, self.param_dtype
+        # With state dtypes, the stored state and the gradients are read in float32 (`widen`).
+        params0 = widen(state.params0, param_dtype)
+        numerator_acum = vdot(updates, jax.tree_util.tree_map(lambda p0, p: p0 - p, params0, params))
+        dg_mu = jax.tree_util.tree_map(lambda g: d * g, widen(updates, mu_dtype))
+        dg_nu = jax.tree_util.tree_map(lambda g: d * g, widen(updates, nu_dtype))
         exp_avg = jax.tree_util.tree_map(
-            lambda m, x: like(beta1.value, m) * m + like(beta1.complement, m) * x, state.exp_avg, dg
+            lambda m, x: like(beta1.value, m) * m + like(beta1.complement, m) * x, widen(state.exp_avg, mu_dtype), dg_mu
         )
         exp_avg_sq = jax.tree_util.tree_map(
-            lambda v, x: like(beta2.value, v) * v + like(beta2.complement, v) * x * x, state.exp_avg_sq, dg
+            lambda v, x: like(beta2.value, v) * v + like(beta2.complement, v) * x * x, widen(state.exp_avg_sq, nu_dtype), dg_nu
         )
         step = d if self.safeguard_warmup else dlr
-        grad_sum = jax.tree_util.tree_map(lambda s, x: like(beta3, s) * s + step * x / d0, state.grad_sum, dg)
+        grad_sum = jax.tree_util.tree_map(
+            lambda s, x: like(beta3, s) * s + step * x / d0, widen(state.grad_sum, mu_dtype), dg_mu
+        )
         nw = state.numerator_weighted
         nw = like(beta3, nw) * nw + (d / d0) * dlr * numerator_acum
         estim_lr = jnp.maximum(d, self.estim_lr_coef * nw / _l1(grad_sum))
@@ -283,7 +337,17 @@ class Prodigy(AbstractTransform):
         new_updates = jax.tree_util.tree_map(
             lambda m, v, p: -wd * dlr * p - dlr * m / (jnp.sqrt(v) + estim_lr * eps), exp_avg, exp_avg_sq, params
         )
-        return new_updates, ProdigyState(exp_avg, exp_avg_sq, grad_sum, state.params0, estim_lr, nw, count)
+        new_updates = in_update_dtype(new_updates, updates, mu_dtype, nu_dtype, param_dtype)
+        new_state = ProdigyState(
+            store(exp_avg, mu_dtype, state.exp_avg),
+            store(exp_avg_sq, nu_dtype, state.exp_avg_sq),
+            store(grad_sum, mu_dtype, state.grad_sum),
+            state.params0,
+            estim_lr,
+            nw,
+            count,
+        )
+        return new_updates, new_state
 
     def learning_rates(self, state):
         return {"learning_rate": value_at(self.learning_rate, state.count)}

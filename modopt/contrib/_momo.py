@@ -12,18 +12,20 @@ from .._base import AbstractTransform, require_params
 from .._extra_args import ExtraArg, extra_arg
 from .._fields import FINITE, NONNEGATIVE, PROBABILITY_EXCLUSIVE, hyperparameter, static
 from .._numerics import safe_increment
-from .._trees import sum_of_squares, vdot, zeros_like
+from .._trees import sum_of_squares, vdot
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms._polyak import _TINY, READS_VALUE
 from ..transforms._real_only import reject_complex
 from ._mechanic import _lowest_dtype
 from .._fields import Scalar
+from .._moments import in_update_dtype, init_state, scalar_dtype, store, widen
+from jax.typing import DTypeLike
 
 
 class MomoState(NamedTuple):
     """The state of `momo`.
 
-    exp_avg: the EMA of the gradients (the momentum), like the params.
+    exp_avg: the EMA of the gradients (the momentum), like the params (in `mu_dtype` if set).
     barf: the EMA of the loss values.
     gamma: the EMA of `<g, params>`.
     lb: the lower bound of the loss in use (adapted with `adapt_lower_bound`).
@@ -40,8 +42,9 @@ class MomoState(NamedTuple):
 class MomoAdamState(NamedTuple):
     """The state of `momo_adam`.
 
-    exp_avg: the EMA of the gradients (Adam's first moment), like the params.
-    exp_avg_sq: the EMA of the squared gradients (Adam's second moment), like the params.
+    exp_avg: the EMA of the gradients (Adam's first moment), like the params (in `mu_dtype` if set).
+    exp_avg_sq: the EMA of the squared gradients (Adam's second moment), like the params (in
+        `nu_dtype` if set).
     barf: the EMA of the loss values.
     gamma: the EMA of `<g, params>`.
     lb: the lower bound of the loss in use (adapted with `adapt_lower_bound`).
@@ -67,10 +70,11 @@ def _value(extra_args: dict, owner: Any, dtype: Any) -> jax.Array:
     return jnp.asarray(value, dtype)
 
 
-def _scalars_init(params: Any, lower_bound: Any, owner: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`barf`, `gamma` and `lb` at the start, in the parameters' lowest dtype."""
+def _scalars_init(params: Any, lower_bound: Any, owner: Any, *dtypes: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`barf`, `gamma` and `lb` at the start, in the parameters' lowest dtype (widened to the
+    state dtypes `dtypes` that are set, `scalar_dtype`)."""
     reject_complex(params, owner)
-    dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
+    dtype = scalar_dtype(_lowest_dtype(jax.tree_util.tree_leaves(params)), *dtypes)
     return jnp.zeros([], dtype), jnp.zeros([], dtype), jnp.asarray(lower_bound, dtype)
 
 
@@ -109,6 +113,10 @@ class Momo(AbstractTransform):
         weight_decay: the strength of the weight decay, >= 0.
         adapt_lower_bound: estimate the lower bound on the fly, starting from `lower_bound`
             (static).
+        mu_dtype: the dtype of the momentum `d` (modopt's, keyword-only); `None` keeps the
+            parameters' dtype (see `fields.dtype`: state dtypes are accumulated in float32 and
+            stored in this dtype). The averages `barf`, `gamma` and `lb` take the parameters'
+            lowest dtype, or `mu_dtype` where it is wider.
 
     Example:
         >>> loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
@@ -125,10 +133,11 @@ class Momo(AbstractTransform):
     lower_bound: Scalar = hyperparameter(0.0, check=FINITE)
     weight_decay: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
     adapt_lower_bound: bool = static(default=False)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        barf, gamma, lb = _scalars_init(params, self.lower_bound, self)
-        return MomoState(zeros_like(params), barf, gamma, lb, jnp.zeros([], jnp.int32))
+        barf, gamma, lb = _scalars_init(params, self.lower_bound, self, self.mu_dtype)
+        return MomoState(init_state(params, self.mu_dtype), barf, gamma, lb, jnp.zeros([], jnp.int32))
 
     def update(self, updates, state, params=None, **extra_args):
         require_params(params, self)
@@ -136,7 +145,9 @@ class Momo(AbstractTransform):
         count = state.count
         bt = jnp.where(count == 0, 0.0, self.beta)  # the averages start at the first values
         barf = bt * state.barf + (1 - bt) * value
-        exp_avg = jax.tree_util.tree_map(lambda m, g: bt * m + (1 - bt) * g, state.exp_avg, updates)
+        exp_avg = jax.tree_util.tree_map(
+            lambda m, g: bt * m + (1 - bt) * g, widen(state.exp_avg, self.mu_dtype), widen(updates, self.mu_dtype)
+        )
         gamma = bt * state.gamma + (1 - bt) * vdot(updates, params)
         norm = sum_of_squares(exp_avg)
         iprod = vdot(exp_avg, params)
@@ -148,10 +159,12 @@ class Momo(AbstractTransform):
             lb = jnp.where(cap < decay * lb, jnp.maximum(cap / (2 * decay), self.lower_bound), lb)
         tau = _polyak_step(alpha, wd, barf, lb, gamma, iprod, norm, alpha)
         new_updates = jax.tree_util.tree_map(lambda m, p: -(alpha * wd) / decay * p - tau * m, exp_avg, params)
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype)
         if self.adapt_lower_bound:
             lb = jnp.maximum((barf + iprod - gamma) - (1 / 2) * tau * norm, self.lower_bound)
         else:
             lb = state.lb
+        exp_avg = store(exp_avg, self.mu_dtype, state.exp_avg)
         return new_updates, MomoState(exp_avg, barf, gamma, lb, safe_increment(count))
 
     def learning_rates(self, state):
@@ -188,6 +201,12 @@ class MomoAdam(AbstractTransform):
         weight_decay: the strength of the decoupled weight decay, >= 0.
         adapt_lower_bound: estimate the lower bound on the fly, starting from `lower_bound`
             (static).
+        mu_dtype: the dtype of the first moment `m` (modopt's, keyword-only); `None` keeps the
+            parameters' dtype (see `fields.dtype`: state dtypes are accumulated in float32 and
+            stored in this dtype).
+        nu_dtype: the dtype of the second moment `v` (keyword-only); `None` keeps the
+            parameters' dtype. The averages `barf`, `gamma` and `lb` take the parameters'
+            lowest dtype, or a wider state dtype that is set.
 
     Example:
         >>> loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
@@ -206,10 +225,13 @@ class MomoAdam(AbstractTransform):
     lower_bound: Scalar = hyperparameter(0.0, check=FINITE)
     weight_decay: Scalar = hyperparameter(0.0, check=NONNEGATIVE)
     adapt_lower_bound: bool = static(default=False)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        barf, gamma, lb = _scalars_init(params, self.lower_bound, self)
-        return MomoAdamState(zeros_like(params), zeros_like(params), barf, gamma, lb, jnp.zeros([], jnp.int32))
+        barf, gamma, lb = _scalars_init(params, self.lower_bound, self, self.mu_dtype, self.nu_dtype)
+        exp_avg, exp_avg_sq = init_state(params, self.mu_dtype), init_state(params, self.nu_dtype)
+        return MomoAdamState(exp_avg, exp_avg_sq, barf, gamma, lb, jnp.zeros([], jnp.int32))
 
     def update(self, updates, state, params=None, **extra_args):
         require_params(params, self)
@@ -217,8 +239,13 @@ class MomoAdam(AbstractTransform):
         b1, b2, eps = self.b1, self.b2, self.eps
         count = safe_increment(state.count)
         barf = b1 * state.barf + (1 - b1) * value
-        exp_avg = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, state.exp_avg, updates)
-        exp_avg_sq = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * g * g, state.exp_avg_sq, updates)
+        mu_dtype, nu_dtype = self.mu_dtype, self.nu_dtype
+        exp_avg = jax.tree_util.tree_map(
+            lambda m, g: b1 * m + (1 - b1) * g, widen(state.exp_avg, mu_dtype), widen(updates, mu_dtype)
+        )
+        exp_avg_sq = jax.tree_util.tree_map(
+            lambda v, g: b2 * v + (1 - b2) * g * g, widen(state.exp_avg_sq, nu_dtype), widen(updates, nu_dtype)
+        )
         bc2 = jnp.asarray(1 - b2**count, barf.dtype)
         precond = jax.tree_util.tree_map(lambda v: eps + jnp.sqrt(v / bc2), exp_avg_sq)
         norm = vdot(exp_avg, jax.tree_util.tree_map(lambda m, d: m / d, exp_avg, precond))
@@ -235,10 +262,12 @@ class MomoAdam(AbstractTransform):
         new_updates = jax.tree_util.tree_map(
             lambda m, d, p: -(alpha * wd) / decay * p - tau * m / d, exp_avg, precond, params
         )
+        new_updates = in_update_dtype(new_updates, updates, mu_dtype, nu_dtype)
         if self.adapt_lower_bound:
             lb = jnp.maximum(((barf + iprod - gamma) - (1 / 2) * tau * norm) / bc1, self.lower_bound)
         else:
             lb = state.lb
+        exp_avg, exp_avg_sq = store(exp_avg, mu_dtype, state.exp_avg), store(exp_avg_sq, nu_dtype, state.exp_avg_sq)
         return new_updates, MomoAdamState(exp_avg, exp_avg_sq, barf, gamma, lb, count)
 
     def learning_rates(self, state):

@@ -17,6 +17,8 @@ from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, Identity, ScaleByLearningRate
 from ._mechanic import _lowest_dtype
 from .._fields import Scalar
+from .._moments import copy_state, scalar_dtype, widen
+from jax.typing import DTypeLike
 from .._masks import MaskOrFn
 
 INIT_STEP_TYPES = ("distance", "learning_rate", "heuristic")
@@ -27,7 +29,7 @@ class DoGState(NamedTuple):
     """DoG's state: the starting point and two running scalars (in the parameters' lowest dtype)."""
 
     is_init_step: jax.Array  # bool scalar: no update made yet
-    init_params: Any  # the parameters at `init`, like the params
+    init_params: Any  # the parameters at `init`, like the params (in `param_dtype` if set)
     max_dist: jax.Array  # the largest distance from `init_params` so far (`r_eps` at first)
     sum_sq_norm_grads: jax.Array  # the sum of the squared global norms of the gradients
 
@@ -35,14 +37,16 @@ class DoGState(NamedTuple):
 class DoWGState(NamedTuple):
     """DoWG's state: the starting point and two running scalars (in the parameters' lowest dtype)."""
 
-    init_params: Any  # the parameters at `init`, like the params
+    init_params: Any  # the parameters at `init`, like the params (in `param_dtype` if set)
     weighted_sq_norm_grads: jax.Array  # the sum of the squared gradient norms, each weighted by `estim_sq_dist`
     estim_sq_dist: jax.Array  # the largest squared distance from `init_params` so far
 
 
-def _distance_sq(params: Any, init_params: Any) -> jax.Array:
-    """`||init_params - params||^2` over the whole tree."""
-    return sum_of_squares(jax.tree_util.tree_map(jnp.subtract, init_params, params))
+def _distance_sq(params: Any, init_params: Any, param_dtype: Any) -> jax.Array:
+    """`||init_params - params||^2` over the whole tree (in float32 at least where
+    `param_dtype` is set)."""
+    return sum_of_squares(jax.tree_util.tree_map(jnp.subtract, widen(init_params, param_dtype), params))
+
 
 
 def _scaled(step_size: jax.Array, updates: Any) -> Any:
@@ -65,6 +69,10 @@ class ScaleByDoG(AbstractTransform):
             `"learning_rate"` or `"heuristic"`, as above.
         init_step_value: the number the first step is specified by, > 0.
         eps: added to the sum of squared gradient norms under the root, >= 0.
+        param_dtype: the dtype of the copy of the initial parameters (modopt's, keyword-only;
+            `None` keeps the parameters' dtype). With it set, the distance from it and the
+            gradients' norms are taken in float32 at least; the running scalars take the
+            parameters' lowest dtype, or `param_dtype` where it is wider.
 
     Reference: Ivgi, Hinder & Carmon, 2023, "DoG is SGD's Best Friend: A Parameter-Free Dynamic
     Step Size Schedule", https://arxiv.org/abs/2302.12022
@@ -73,9 +81,10 @@ class ScaleByDoG(AbstractTransform):
     init_step_type: str = choice("heuristic", INIT_STEP_TYPES)
     init_step_value: Scalar = hyperparameter(1e-6, check=POSITIVE_FINITE)
     eps: Scalar = fields.eps(1e-8)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
+        dtype = scalar_dtype(_lowest_dtype(jax.tree_util.tree_leaves(params)), self.param_dtype)
         if self.init_step_type == "distance":
             r_eps = self.init_step_value
         elif self.init_step_type == "heuristic":
@@ -84,15 +93,15 @@ class ScaleByDoG(AbstractTransform):
             r_eps = 0.0
         return DoGState(
             is_init_step=jnp.asarray(True),
-            init_params=jax.tree_util.tree_map(jnp.copy, params),  # a copy: states are donated
+            init_params=copy_state(params, self.param_dtype),
             max_dist=jnp.asarray(r_eps, dtype),
             sum_sq_norm_grads=jnp.asarray(0.0, dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         require_params(params, self)
-        max_dist = jnp.maximum(state.max_dist, jnp.sqrt(_distance_sq(params, state.init_params)))
-        sum_sq_norm_grads = state.sum_sq_norm_grads + sum_of_squares(updates)
+        max_dist = jnp.maximum(state.max_dist, jnp.sqrt(_distance_sq(params, state.init_params, self.param_dtype)))
+        sum_sq_norm_grads = state.sum_sq_norm_grads + sum_of_squares(widen(updates, self.param_dtype))
         step_size = max_dist / jnp.sqrt(sum_sq_norm_grads + self.eps)
         if self.init_step_type == "learning_rate":
             step_size = jnp.where(state.is_init_step, self.init_step_value, step_size)
@@ -118,6 +127,10 @@ class ScaleByDoWG(AbstractTransform):
             `None` uses `eps`.
         eps: added to the denominator, >= 0; also the initial estimate when
             `init_estim_sq_dist` is `None`.
+        param_dtype: the dtype of the copy of the initial parameters (modopt's, keyword-only;
+            `None` keeps the parameters' dtype). With it set, the distance from it and the
+            gradients' norms are taken in float32 at least; the running scalars take the
+            parameters' lowest dtype, or `param_dtype` where it is wider.
 
     Reference: Khaled, Mishchenko & Jin, 2023, "DoWG Unleashed: An Efficient Universal
     Parameter-Free Gradient Descent Method", https://arxiv.org/abs/2305.16284
@@ -125,20 +138,21 @@ class ScaleByDoWG(AbstractTransform):
 
     init_estim_sq_dist: Scalar | None = hyperparameter(None, check=POSITIVE_FINITE)
     eps: Scalar = fields.eps(1e-4)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        dtype = _lowest_dtype(jax.tree_util.tree_leaves(params))
+        dtype = scalar_dtype(_lowest_dtype(jax.tree_util.tree_leaves(params)), self.param_dtype)
         initial = self.eps if self.init_estim_sq_dist is None else self.init_estim_sq_dist
         return DoWGState(
-            init_params=jax.tree_util.tree_map(jnp.copy, params),  # a copy: states are donated
+            init_params=copy_state(params, self.param_dtype),
             weighted_sq_norm_grads=jnp.asarray(0.0, dtype),
             estim_sq_dist=jnp.asarray(initial, dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         require_params(params, self)
-        estim_sq_dist = jnp.maximum(state.estim_sq_dist, _distance_sq(params, state.init_params))
-        weighted = estim_sq_dist * sum_of_squares(updates) + state.weighted_sq_norm_grads
+        estim_sq_dist = jnp.maximum(state.estim_sq_dist, _distance_sq(params, state.init_params, self.param_dtype))
+        weighted = estim_sq_dist * sum_of_squares(widen(updates, self.param_dtype)) + state.weighted_sq_norm_grads
         step_size = estim_sq_dist / (jnp.sqrt(weighted) + self.eps)
         return _scaled(step_size, updates), DoWGState(
             init_params=state.init_params,
@@ -184,6 +198,8 @@ class Dog(AbstractComposite):
             `None` for none (a number or a schedule).
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, or a function of the params returning one.
+        param_dtype: the dtype of the copy of the initial parameters kept in the state
+            (modopt's, keyword-only; `None` keeps the parameters' dtype; see `scale_by_dog`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.dog(), model)
@@ -198,6 +214,7 @@ class Dog(AbstractComposite):
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(None)
     mask: MaskOrFn = fields.mask()
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __init__(
         self,
@@ -206,12 +223,15 @@ class Dog(AbstractComposite):
         eps: Scalar = 1e-8,
         weight_decay: Any = None,
         mask: MaskOrFn = None,
+        *,
+        param_dtype: DTypeLike | None = None,
     ):
         self.learning_rate = learning_rate
         self.init_step_type, self.init_step_value = _init_step_pair(init_step)
         self.eps = eps
         self.weight_decay = weight_decay
         self.mask = mask
+        self.param_dtype = param_dtype
 
     @property
     def init_step(self) -> tuple[str, Any]:
@@ -221,7 +241,7 @@ class Dog(AbstractComposite):
     def build(self):
         return Chain(
             Identity() if self.weight_decay is None else AddDecayedWeights(self.weight_decay, self.mask),
-            ScaleByDoG(self.init_step_type, self.init_step_value, self.eps),
+            ScaleByDoG(self.init_step_type, self.init_step_value, self.eps, param_dtype=self.param_dtype),
             ScaleByLearningRate(self.learning_rate),
         )
 
@@ -245,6 +265,8 @@ class Dowg(AbstractComposite):
             `None` for none (a number or a schedule).
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, or a function of the params returning one.
+        param_dtype: the dtype of the copy of the initial parameters kept in the state
+            (modopt's, keyword-only; `None` keeps the parameters' dtype; see `scale_by_dowg`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.dowg(), model)
@@ -258,11 +280,12 @@ class Dowg(AbstractComposite):
     eps: Scalar = fields.eps(1e-4)
     weight_decay: ScalarOrSchedule = fields.weight_decay(None)
     mask: MaskOrFn = fields.mask()
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
             Identity() if self.weight_decay is None else AddDecayedWeights(self.weight_decay, self.mask),
-            ScaleByDoWG(self.init_estim_sq_dist, self.eps),
+            ScaleByDoWG(self.init_estim_sq_dist, self.eps, param_dtype=self.param_dtype),
             ScaleByLearningRate(self.learning_rate),
         )
 

@@ -16,6 +16,9 @@ from .._numerics import safe_increment
 from .._specs import REPLICATED
 from .._trees import global_norm, select
 from .._fields import Scalar
+from .. import fields
+from .._moments import copy_state, in_update_dtype, scalar_dtype, store, widen
+from jax.typing import DTypeLike
 
 
 class MechanicState(NamedTuple):
@@ -28,7 +31,7 @@ class MechanicState(NamedTuple):
     v: per-beta discounted sum of `h**2`.
     s: per-beta scale; the step applied is `sum(s)` times the accumulated base updates.
     x0: the reference point, the parameters of the first update (a copy of the parameters at
-        `init` until then).
+        `init` until then), in `param_dtype` if set.
     """
 
     base_optimizer_state: Any
@@ -81,6 +84,12 @@ class Mechanize(AbstractWrapper):
             wealth `s_init / num_betas * m_i`. The default almost never needs changing.
         num_betas: number of discounts `beta_i = 1 - 10**-i`, `i = 1..num_betas` (an integer
             >= 1; static: it sets the shape of the state).
+        param_dtype: the dtype of the reference point `x0`, a copy of the parameters
+            (modopt's, keyword-only); `None` keeps the parameters' dtype. It is read in float32
+            at least (see `fields.dtype`), and with it set the gradients are too (the base
+            optimizer gets them widened). The per-beta vectors take the parameters' lowest
+            dtype, or `param_dtype` where it is wider. The base optimizer's state takes its own
+            state dtypes.
 
     The three numbers are hyperparameters: changing them does not retrace.
 
@@ -99,6 +108,7 @@ class Mechanize(AbstractWrapper):
     eps: Scalar = hyperparameter(1e-8, check=NONNEGATIVE)
     s_init: Scalar = hyperparameter(1e-6, check=POSITIVE)
     num_betas: int = static(default=6)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     inner_state_field = "base_optimizer_state"
 
     def __init__(
@@ -108,12 +118,15 @@ class Mechanize(AbstractWrapper):
         eps: Scalar = 1e-8,
         s_init: Scalar = 1e-6,
         num_betas: int = 6,
+        *,
+        param_dtype: DTypeLike | None = None,
     ):
         self.inner = base_optimizer
         self.weight_decay = weight_decay
         self.eps = eps
         self.s_init = s_init
         self.num_betas = _as_int(num_betas)
+        self.param_dtype = param_dtype
 
     def __check_init__(self):
         value = self.num_betas
@@ -139,7 +152,7 @@ class Mechanize(AbstractWrapper):
                 "mechanize does not support complex parameters (its scale is learned from real inner "
                 "products): wrap it as `modopt.experimental.split_real_and_imaginary(mechanize(...))`."
             )
-        dtype = _lowest_dtype(leaves)
+        dtype = scalar_dtype(_lowest_dtype(leaves), self.param_dtype)
         zeros = jnp.zeros([self.num_betas], dtype)
         return MechanicState(
             base_optimizer_state=self.inner.init(params),
@@ -148,18 +161,19 @@ class Mechanize(AbstractWrapper):
             m=jnp.zeros_like(zeros),
             v=jnp.zeros_like(zeros),
             s=jnp.full([self.num_betas], self.s_init, dtype),
-            # A copy: the state is donated to jitted steps alongside the parameters.
-            x0=jax.tree_util.tree_map(jnp.copy, params),
+            x0=copy_state(params, self.param_dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         require_params(params, self)
+        grads = updates
+        updates = widen(updates, self.param_dtype)  # with `param_dtype`, all in float32 at least
         base_updates, base_state = self.inner.update(
             updates, state.base_optimizer_state, params, **extra_args
         )
         # The reference point is the parameters of the first update (those of `init` may differ,
         # e.g. a state built before the parameters were loaded).
-        x0 = select(state.count == 0, params, state.x0)
+        x0 = select(state.count == 0, params, widen(state.x0, self.param_dtype))
         scale = jnp.sum(state.s)
         eps = self.eps
 
@@ -183,6 +197,7 @@ class Mechanize(AbstractWrapper):
             lambda start, b, u: start - total * (b - u), x0, back, base_updates
         )
         new_updates = jax.tree_util.tree_map(lambda new, x: new - x, new_params, params)
+        new_updates = in_update_dtype(new_updates, grads, self.param_dtype)
         return new_updates, MechanicState(
             base_optimizer_state=base_state,
             count=safe_increment(state.count),
@@ -190,7 +205,7 @@ class Mechanize(AbstractWrapper):
             m=m,
             v=v,
             s=s,
-            x0=x0,
+            x0=store(x0, self.param_dtype, state.x0),
         )
 
     def state_specs(self, params, param_specs):

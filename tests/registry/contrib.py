@@ -32,6 +32,7 @@ ENTRIES: list[Entry] = [
         ("s_init", 1e-5),
         descent=True,
         own_rule=True,  # as mechanize_sgd
+        partial_state_dtypes="the base optimizer has state dtypes of its own",
     ),
     Entry(
         "split_real_and_imaginary_adam",

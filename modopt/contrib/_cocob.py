@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform, require_params
 from .._fields import POSITIVE, hyperparameter
-from .._trees import full_like, map_updates, zeros_like
+from .._trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from .._fields import Scalar
 from .._masks import MaskOrFn
+from .._moments import copy_state, in_update_dtype, init_state, store, widen
+from jax.typing import DTypeLike
 
 
 class COCOBState(NamedTuple):
-    """COCOB's bets, per coordinate: every field is shaped like the params."""
+    """COCOB's bets, per coordinate: every field is shaped like the params (`init_particles` in
+    `param_dtype`, the others in `state_dtype`, where set)."""
 
     init_particles: Any  # the parameters at `init`, where betting starts
     cumulative_gradients: Any  # minus the sum of the gradients seen
@@ -42,6 +44,11 @@ class ScaleByCocob(AbstractTransform):
         alpha: bounds the fraction bet in the first steps (`alpha L` in the denominator), > 0;
             larger values start more cautiously.
         eps: the initial value of the scale `L`, >= 0 (it keeps the first denominator nonzero).
+        state_dtype: the dtype of the bets `C`, `L`, `G` and `R` (modopt's, keyword-only);
+            `None` keeps the parameters' dtype (see `fields.dtype`: state dtypes are
+            accumulated in float32 and stored in this dtype).
+        param_dtype: the dtype of the copy `x0` of the initial parameters (keyword-only);
+            `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.contrib.scale_by_cocob()  # a complete step: no learning rate needed
@@ -54,42 +61,49 @@ class ScaleByCocob(AbstractTransform):
 
     alpha: Scalar = hyperparameter(100.0, check=POSITIVE)
     eps: Scalar = fields.eps(1e-8)
+    state_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
+        dtype = self.state_dtype
         return COCOBState(
-            init_particles=jax.tree_util.tree_map(jnp.copy, params),  # a copy: states are donated
-            cumulative_gradients=zeros_like(params),
-            scale=full_like(params, self.eps),
-            subgradients=zeros_like(params),
-            reward=zeros_like(params),
+            init_particles=copy_state(params, self.param_dtype),
+            cumulative_gradients=init_state(params, dtype),
+            scale=init_state(params, dtype, self.eps),
+            subgradients=init_state(params, dtype),
+            reward=init_state(params, dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         require_params(params, self)
-        alpha = self.alpha
-        scale = map_updates(lambda g, scale: jnp.maximum(scale, jnp.abs(g)), updates, state.scale)
-        subgradients = map_updates(lambda g, total: total + jnp.abs(g), updates, state.subgradients)
+        alpha, dtype = self.alpha, self.state_dtype
+        # With state dtypes, the stored state and the gradients are read in float32 (`widen`).
+        grads = widen(updates, dtype)
+        init_particles = widen(state.init_particles, self.param_dtype)
+        scale = map_updates(lambda g, scale: jnp.maximum(scale, jnp.abs(g)), grads, widen(state.scale, dtype))
+        subgradients = map_updates(lambda g, total: total + jnp.abs(g), grads, widen(state.subgradients, dtype))
         reward = map_updates(
             lambda g, wealth, x, x0: jnp.maximum(wealth - g * (x - x0), 0),
-            updates,
-            state.reward,
+            grads,
+            widen(state.reward, dtype),
             params,
-            state.init_particles,
+            init_particles,
         )
-        cumulative = map_updates(lambda g, total: total - g, updates, state.cumulative_gradients)
+        cumulative = map_updates(lambda g, total: total - g, grads, widen(state.cumulative_gradients, dtype))
 
         def step(x, x0, total, scale, subgradients, reward):
             return -x + (x0 + total / (scale * jnp.maximum(subgradients + scale, alpha * scale)) * (scale + reward))
 
         new_updates = map_updates(
-            lambda _, *args: step(*args), updates, params, state.init_particles, cumulative, scale, subgradients, reward
+            lambda _, *args: step(*args), grads, params, init_particles, cumulative, scale, subgradients, reward
         )
+        new_updates = in_update_dtype(new_updates, updates, dtype, self.param_dtype)
         return new_updates, COCOBState(
             init_particles=state.init_particles,
-            cumulative_gradients=cumulative,
-            scale=scale,
-            subgradients=subgradients,
-            reward=reward,
+            cumulative_gradients=store(cumulative, dtype, state.cumulative_gradients),
+            scale=store(scale, dtype, state.scale),
+            subgradients=store(subgradients, dtype, state.subgradients),
+            reward=store(reward, dtype, state.reward),
         )
 
 
@@ -110,6 +124,8 @@ class Cocob(AbstractComposite):
             gradients (a number or a schedule).
         mask: which parameters the weight decay applies to: `None` for all, a pytree of bools with
             the params' structure, or a function of the params returning one.
+        state_dtype: the dtype of the bets (modopt's, keyword-only; see `scale_by_cocob`).
+        param_dtype: the dtype of the copy of the initial parameters (keyword-only).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.cocob(), model)
@@ -123,12 +139,14 @@ class Cocob(AbstractComposite):
     eps: Scalar = fields.eps(1e-8)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: MaskOrFn = fields.mask()
+    state_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         return Chain(
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate, flip_sign=False),
-            ScaleByCocob(self.alpha, self.eps),
+            ScaleByCocob(self.alpha, self.eps, state_dtype=self.state_dtype, param_dtype=self.param_dtype),
         )
 
 

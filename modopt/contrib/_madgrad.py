@@ -11,20 +11,22 @@ from .. import fields
 from .._base import AbstractComposite, AbstractTransform, require_params
 from .._fields import UNIT
 from .._numerics import safe_increment
-from .._trees import map_updates, zeros_like
+from .._trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms import AddDecayedWeights
 from .._fields import Scalar
+from .._moments import copy_state, in_update_dtype, init_state, store, widen
+from jax.typing import DTypeLike
 
 
 class MadgradState(NamedTuple):
     """The state of `scale_by_madgrad`.
 
     count: updates made so far (int32 scalar).
-    grad_sum_sq: the weighted sum of squared gradients `G`, like the params.
-    s: the weighted sum of gradients, like the params.
-    x0: the parameters at `init` (the dual-averaging origin).
+    grad_sum_sq: the weighted sum of squared gradients `G`, like the params (in `nu_dtype` if set).
+    s: the weighted sum of gradients, like the params (in `mu_dtype` if set).
+    x0: the parameters at `init` (the dual-averaging origin), in `param_dtype` if set.
     """
 
     count: jax.Array
@@ -54,6 +56,13 @@ class ScaleByMadgrad(AbstractTransform):
         momentum: the weight of the current parameters in the new ones, in [0, 1] (0: plain
             dual averaging).
         eps: added to the learning rate and to the cube root of `G`, >= 0.
+        mu_dtype: the dtype of the sum of gradients `s` (modopt's, keyword-only); `None` keeps
+            the parameters' dtype (see `fields.dtype`: state dtypes are accumulated in float32
+            and stored in this dtype).
+        nu_dtype: the dtype of the sum of squared gradients `G` (keyword-only); `None` keeps
+            the parameters' dtype.
+        param_dtype: the dtype of the copy `x0` of the initial parameters (keyword-only);
+            `None` keeps the parameters' dtype.
 
     Example:
         >>> tx = modopt.contrib.scale_by_madgrad(1e-2)
@@ -68,6 +77,9 @@ class ScaleByMadgrad(AbstractTransform):
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     momentum: Scalar = fields.decay_rate(0.9, check=UNIT)
     eps: Scalar = fields.eps(1e-6)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def learning_rates(self, state):
         return {"learning_rate": value_at(self.learning_rate, state.count)}
@@ -80,30 +92,37 @@ class ScaleByMadgrad(AbstractTransform):
             )
         return MadgradState(
             count=jnp.zeros([], jnp.int32),
-            grad_sum_sq=zeros_like(params),
-            s=zeros_like(params),
-            # A copy: the state is donated to jitted steps alongside the parameters.
-            x0=jax.tree_util.tree_map(jnp.copy, params),
+            grad_sum_sq=init_state(params, self.nu_dtype),
+            s=init_state(params, self.mu_dtype),
+            x0=copy_state(params, self.param_dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
         require_params(params, self)
         count = state.count
         lamb = (value_at(self.learning_rate, count) + self.eps) * jnp.sqrt(count + 1)
-        # The increments in each leaf's dtype, so bf16 sums stay bf16.
+        mu_dtype, nu_dtype, param_dtype = self.mu_dtype, self.nu_dtype, self.param_dtype
+        # The increments in each leaf's dtype, so bf16 sums stay bf16; with state dtypes, the
+        # stored state and the gradients are read in float32 (`widen`).
         grad_sum_sq = map_updates(
-            lambda g, acc: acc + (lamb * g**2).astype(g.dtype), updates, state.grad_sum_sq
+            lambda g, acc: acc + (lamb * g**2).astype(g.dtype),
+            widen(updates, nu_dtype),
+            widen(state.grad_sum_sq, nu_dtype),
         )
-        s = map_updates(lambda g, acc: acc + (lamb * g).astype(g.dtype), updates, state.s)
+        s = map_updates(lambda g, acc: acc + (lamb * g).astype(g.dtype), widen(updates, mu_dtype), widen(state.s, mu_dtype))
         momentum = self.momentum
 
         def step(acc_sq, acc, x0, x):
             z = x0 - acc / (jnp.cbrt(acc_sq) + self.eps)
             return (1 - momentum) * z + momentum * x - x
 
-        new_updates = map_updates(step, grad_sum_sq, s, state.x0, params)
+        new_updates = map_updates(step, grad_sum_sq, s, widen(state.x0, param_dtype), params)
+        new_updates = in_update_dtype(new_updates, updates, mu_dtype, nu_dtype, param_dtype)
         return new_updates, MadgradState(
-            count=safe_increment(count), grad_sum_sq=grad_sum_sq, s=s, x0=state.x0
+            count=safe_increment(count),
+            grad_sum_sq=store(grad_sum_sq, nu_dtype, state.grad_sum_sq),
+            s=store(s, mu_dtype, state.s),
+            x0=state.x0,
         )
 
 
@@ -119,6 +138,10 @@ class Madgrad(AbstractComposite):
         momentum: the weight of the current parameters in the new ones, in [0, 1].
         weight_decay: the strength of the L2 regularization added to the gradient.
         eps: added to the learning rate and to the denominator's cube root, >= 0.
+        mu_dtype: the dtype of the sum of gradients (modopt's, keyword-only; see
+            `scale_by_madgrad`).
+        nu_dtype: the dtype of the sum of squared gradients (keyword-only).
+        param_dtype: the dtype of the copy of the initial parameters (keyword-only).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.madgrad(1e-2), model)
@@ -130,10 +153,14 @@ class Madgrad(AbstractComposite):
     momentum: Scalar = fields.decay_rate(0.9, check=UNIT)
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     eps: Scalar = fields.eps(1e-6)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    param_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
+        dtypes = {"mu_dtype": self.mu_dtype, "nu_dtype": self.nu_dtype, "param_dtype": self.param_dtype}
         return Chain(
-            AddDecayedWeights(self.weight_decay), ScaleByMadgrad(self.learning_rate, self.momentum, self.eps)
+            AddDecayedWeights(self.weight_decay), ScaleByMadgrad(self.learning_rate, self.momentum, self.eps, **dtypes)
         )
 
 

@@ -82,6 +82,8 @@ class Rprop(AbstractComposite):
         eta_plus: the factor applied to a step size while its gradient keeps its sign, >= 1.
         min_step_size: the smallest step size, >= 0.
         max_step_size: the largest step size, >= `min_step_size`.
+        state_dtype: the dtype of the step sizes and of the previous step (modopt's,
+            keyword-only; see `scale_by_rprop`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.rprop(1e-3), model)
@@ -95,10 +97,16 @@ class Rprop(AbstractComposite):
     eta_plus: Scalar = hyperparameter(1.2, check=GROWTH_FACTOR)
     min_step_size: Scalar = hyperparameter(1e-6, check=NONNEGATIVE)
     max_step_size: Scalar = hyperparameter(50.0, check=NONNEGATIVE)
+    state_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         rprop = ScaleByRprop(
-            self.learning_rate, self.eta_minus, self.eta_plus, self.min_step_size, self.max_step_size
+            self.learning_rate,
+            self.eta_minus,
+            self.eta_plus,
+            self.min_step_size,
+            self.max_step_size,
+            state_dtype=self.state_dtype,
         )
         return Chain(rprop, _negate())
 
@@ -155,6 +163,8 @@ class OptimisticGradientDescent(AbstractComposite):
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
         alpha: the weight of the current gradient `g_t`, >= 0.
         beta: the weight of the extrapolation `g_t - g_{t-1}`, >= 0.
+        mu_dtype: the dtype of the previous gradient kept in the state (modopt's,
+            keyword-only; see `scale_by_optimistic_gradient`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.optimistic_gradient_descent(1e-2), model)
@@ -165,9 +175,10 @@ class OptimisticGradientDescent(AbstractComposite):
     learning_rate: ScalarOrSchedule = fields.learning_rate()
     alpha: Scalar = optimism_coefficient()
     beta: Scalar = optimism_coefficient()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
-        optimistic = ScaleByOptimisticGradient(self.alpha, self.beta)
+        optimistic = ScaleByOptimisticGradient(self.alpha, self.beta, mu_dtype=self.mu_dtype)
         return Chain(optimistic, ScaleByLearningRate(self.learning_rate))
 
 
@@ -192,8 +203,8 @@ class OptimisticAdam(AbstractComposite):
         eps: added to the denominator's square root for numerical stability, >= 0.
         eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
             gradients through the square root finite when differentiating through the optimizer).
-        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
-            keeps the parameters' dtype.
+        mu_dtype: the dtype of the first moment and of the previous Adam direction (for instance
+            `jnp.bfloat16` to save memory); `None` keeps the parameters' dtype.
         nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment in the Adam direction (static; the default,
             as in optax).
@@ -234,7 +245,7 @@ class OptimisticAdam(AbstractComposite):
             ScaleByAdam(
                 self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nu_dtype=self.nu_dtype, nesterov=self.nesterov
             ),
-            ScaleByOptimisticGradient(self.learning_rate, optimism),
+            ScaleByOptimisticGradient(self.learning_rate, optimism, mu_dtype=self.mu_dtype),
             _negate(),
         )
 
@@ -255,8 +266,8 @@ class OptimisticAdamV2(AbstractComposite):
         eps: added to the denominator's square root for numerical stability, >= 0.
         eps_root: added to the second moment inside the square root, >= 0 (for instance to keep
             gradients through the square root finite when differentiating through the optimizer).
-        mu_dtype: the dtype of the first moment (for instance `jnp.bfloat16` to save memory); `None`
-            keeps the parameters' dtype.
+        mu_dtype: the dtype of the first moment and of the previous Adam direction (for instance
+            `jnp.bfloat16` to save memory); `None` keeps the parameters' dtype.
         nu_dtype: the dtype of the second moment; `None` keeps the parameters' dtype.
         nesterov: use Nesterov's look-ahead first moment in the Adam direction (static; the
             default).
@@ -284,7 +295,7 @@ class OptimisticAdamV2(AbstractComposite):
             ScaleByAdam(
                 self.b1, self.b2, self.eps, self.eps_root, self.mu_dtype, nu_dtype=self.nu_dtype, nesterov=self.nesterov
             ),
-            ScaleByOptimisticGradient(self.alpha, self.beta),
+            ScaleByOptimisticGradient(self.alpha, self.beta, mu_dtype=self.mu_dtype),
             ScaleByLearningRate(self.learning_rate),
         )
 

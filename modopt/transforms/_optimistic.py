@@ -9,8 +9,11 @@ import jax.numpy as jnp
 
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter
-from .._trees import map_updates, zeros_like
+from .._trees import map_updates
 from .._fields import Scalar
+from .. import fields
+from .._moments import in_update_dtype, init_state, store, widen
+from jax.typing import DTypeLike
 
 
 def optimism_coefficient(default: Any = 1.0, **kwargs: Any):
@@ -22,7 +25,7 @@ class ScaleByOptimisticGradientState(NamedTuple):
     """Whether no step was taken yet, and the gradient of the last step."""
 
     is_initial_step: jax.Array  # bool scalar
-    previous_gradient: Any  # like the params
+    previous_gradient: Any  # like the params (in `mu_dtype` if set)
 
 
 class ScaleByOptimisticGradient(AbstractTransform):
@@ -35,6 +38,9 @@ class ScaleByOptimisticGradient(AbstractTransform):
     Args:
         alpha: weight of the current gradient, >= 0.
         beta: weight of the change since the previous gradient, >= 0.
+        mu_dtype: the dtype of the previous gradient kept in the state (modopt's, keyword-only);
+            `None` keeps the parameters' dtype for the initial state and the gradients' after
+            (optax's). Set, it is read in float32 with the gradients (see `fields.dtype`).
 
     Reference: Mokhtari et al., 2019, https://arxiv.org/abs/1901.08511
     """
@@ -43,10 +49,11 @@ class ScaleByOptimisticGradient(AbstractTransform):
 
     alpha: Scalar = optimism_coefficient()
     beta: Scalar = optimism_coefficient()
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         return ScaleByOptimisticGradientState(
-            is_initial_step=jnp.array(True), previous_gradient=zeros_like(params)
+            is_initial_step=jnp.array(True), previous_gradient=init_state(params, self.mu_dtype)
         )
 
     def update(self, updates, state, params=None, **extra_args):
@@ -54,8 +61,11 @@ class ScaleByOptimisticGradient(AbstractTransform):
             previous = jnp.where(state.is_initial_step, g, previous)
             return (self.alpha + self.beta) * g - self.beta * previous
 
-        new_updates = map_updates(optimistic, updates, state.previous_gradient)
-        return new_updates, ScaleByOptimisticGradientState(jnp.array(False), previous_gradient=updates)
+        grads = widen(updates, self.mu_dtype)
+        new_updates = map_updates(optimistic, grads, widen(state.previous_gradient, self.mu_dtype))
+        new_updates = in_update_dtype(new_updates, updates, self.mu_dtype)
+        previous = store(grads, self.mu_dtype)
+        return new_updates, ScaleByOptimisticGradientState(jnp.array(False), previous_gradient=previous)
 
 
 scale_by_optimistic_gradient = ScaleByOptimisticGradient

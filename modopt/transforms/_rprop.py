@@ -10,9 +10,11 @@ import numpy as np
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import NONNEGATIVE, hyperparameter, interval, is_concrete
-from .._trees import full_like, map_updates, zeros_like
+from .._trees import map_updates
 from ._real_only import reject_complex
 from .._fields import Scalar
+from .._moments import in_update_dtype, init_state, store, widen
+from jax.typing import DTypeLike
 
 SHRINK_FACTOR = interval(0, 1, closed_lo=False, closed_hi=True)  # (0, 1]
 GROWTH_FACTOR = interval(1, float("inf"))  # [1, inf)
@@ -21,7 +23,7 @@ GROWTH_FACTOR = interval(1, float("inf"))  # [1, inf)
 class ScaleByRpropState(NamedTuple):
     """Rprop's per-element step sizes and the previous step."""
 
-    step_sizes: Any  # like the params
+    step_sizes: Any  # like the params (in `state_dtype` if set, like the next)
     prev_updates: Any  # the last step taken, `step_size * sign(g)` (0 after a sign change)
 
 
@@ -47,6 +49,9 @@ class ScaleByRprop(AbstractTransform):
         eta_plus: factor applied to a step size while the sign holds, >= 1.
         min_step_size: the smallest step size, >= 0.
         max_step_size: the largest step size, >= `min_step_size`.
+        state_dtype: the dtype of the step sizes and of the previous step (modopt's,
+            keyword-only); `None` keeps the parameters' dtype (see `fields.dtype`: state dtypes
+            are computed in float32 and stored in this dtype).
 
     References: Riedmiller & Braun, 1993, https://ieeexplore.ieee.org/document/298623;
     Igel & Hüsken, 2003, https://doi.org/10.1016/S0925-2312(01)00700-7
@@ -59,17 +64,20 @@ class ScaleByRprop(AbstractTransform):
     eta_plus: Scalar = hyperparameter(1.2, check=GROWTH_FACTOR)
     min_step_size: Scalar = hyperparameter(1e-6, check=NONNEGATIVE)
     max_step_size: Scalar = hyperparameter(50.0, check=NONNEGATIVE)
+    state_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         check_step_size_bounds(self)
 
     def init(self, params):
         reject_complex(params, self)
-        step_sizes = full_like(params, self.learning_rate)
-        return ScaleByRpropState(step_sizes=step_sizes, prev_updates=zeros_like(params))
+        step_sizes = init_state(params, self.state_dtype, self.learning_rate)
+        return ScaleByRpropState(step_sizes=step_sizes, prev_updates=init_state(params, self.state_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
-        agreement = map_updates(lambda g, prev: g * prev, updates, state.prev_updates)
+        dtype, grads = self.state_dtype, updates
+        updates = widen(updates, dtype)  # with a state dtype, all in float32 at least
+        agreement = map_updates(lambda g, prev: g * prev, updates, widen(state.prev_updates, dtype))
 
         def new_step_size(s, step_size):
             factor = jnp.where(s > 0, self.eta_plus, self.eta_minus)
@@ -79,9 +87,10 @@ class ScaleByRprop(AbstractTransform):
         def step(s, g, step_size):
             return jnp.where(s < 0, jnp.zeros_like(g), step_size * jnp.sign(g))
 
-        step_sizes = map_updates(new_step_size, agreement, state.step_sizes)
+        step_sizes = map_updates(new_step_size, agreement, widen(state.step_sizes, dtype))
         steps = map_updates(step, agreement, updates, step_sizes)
-        return steps, ScaleByRpropState(step_sizes=step_sizes, prev_updates=steps)
+        new_state = ScaleByRpropState(step_sizes=store(step_sizes, dtype), prev_updates=store(steps, dtype))
+        return in_update_dtype(steps, grads, dtype), new_state
 
 
 def check_step_size_bounds(module: Any) -> None:

@@ -22,7 +22,7 @@ from .._numerics import safe_increment
 from .._trees import cast_like, map_updates, zeros_like
 from ..schedules._base import ScalarOrSchedule, scalar_or_schedule, value_at
 from .._fields import Scalar
-from .._moments import widen
+from .._moments import in_update_dtype, init_state, store, widen
 from jax.typing import DTypeLike
 
 # Counts of steps given as hyperparameters: whole numbers (as Python ints or integer arrays).
@@ -75,6 +75,9 @@ class ApplyEveryK(AbstractTransform):
 
     Args:
         k: the window length, an integer >= 1 (a hyperparameter: changing it does not retrace).
+        accumulator_dtype: the dtype of the window sum (modopt's, keyword-only); `None` keeps
+            the parameters' dtype (optax's). Set, the sum is taken in float32 at least and
+            stored in this dtype (see `fields.dtype`).
 
     Example:
         >>> tx = modopt.chain(modopt.apply_every(4), modopt.sgd(0.1))
@@ -83,20 +86,28 @@ class ApplyEveryK(AbstractTransform):
     elementwise_updates = True
 
     k: Scalar = hyperparameter(1, check=POSITIVE_INTEGER)
+    accumulator_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
-        return ApplyEvery(count=jnp.zeros([], jnp.int32), grad_acc=zeros_like(params))
+        return ApplyEvery(count=jnp.zeros([], jnp.int32), grad_acc=init_state(params, self.accumulator_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
         position = state.count % self.k
         emit = position == self.k - 1
         # Restart the sum at the first step of a window (`where`: a NaN of the last window
         # does not leak into this one).
+        dtype = self.accumulator_dtype
         sums = map_updates(
-            lambda g, acc: jnp.where(position != 0, acc, jnp.zeros_like(acc)) + g, updates, state.grad_acc
+            lambda g, acc: jnp.where(position != 0, acc, jnp.zeros_like(acc)) + g,
+            widen(updates, dtype),
+            widen(state.grad_acc, dtype),
         )
         new_updates = map_updates(lambda s: jnp.where(emit, s, jnp.zeros_like(s)), sums)
-        grad_acc = map_updates(lambda s, acc: s.astype(acc.dtype), sums, state.grad_acc)
+        new_updates = in_update_dtype(new_updates, updates, dtype)
+        if dtype is None:
+            grad_acc = map_updates(lambda s, acc: s.astype(acc.dtype), sums, state.grad_acc)
+        else:
+            grad_acc = store(sums, dtype)
         count = (safe_increment(state.count) % self.k).astype(state.count.dtype)
         return new_updates, ApplyEvery(count=count, grad_acc=grad_acc)
 

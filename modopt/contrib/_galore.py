@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -23,6 +24,9 @@ from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 from .._fields import Scalar
 from .._masks import MaskOrFn
+from .._fields import dtype_field_names
+from .._moments import state_dtype_for, store, update_dtype, widen
+from jax.typing import DTypeLike
 
 
 class GaLoreDimensionNumbers(NamedTuple):
@@ -118,7 +122,7 @@ class GaLoreState(NamedTuple):
     base_optimizer_state: the base optimizer's state, built on the projected shapes: `(rank, n)`
         or `(m, rank)` for projected parameters, the parameter's shape for the others.
     projector: per parameter, the projection `(m, rank)` (rows) or `(n, rank)` (columns) of
-        its matrix; `(0, 0)` for parameters that are not projected.
+        its matrix; `(0, 0)` for parameters that are not projected (in `projector_dtype` if set).
     """
 
     count: jax.Array
@@ -164,6 +168,11 @@ class ScaleByGalore(AbstractWrapper):
             projects the 2-D ones; one `GaLoreDimensionNumbers` applies to every parameter of
             rank >= 2; a pytree shaped like the params with a `GaLoreDimensionNumbers` or `None`
             (not projected) per leaf; or a function of the params returning such a pytree.
+        projector_dtype: the dtype the projections are stored in (modopt's, keyword-only);
+            `None` keeps the parameters' dtype. Set, the projection and the projection back are
+            computed in float32 at least from the unrounded projection, which is rounded only
+            when stored (see `fields.dtype`). The base optimizer's state takes its own state
+            dtypes.
 
     Example:
         >>> tx = modopt.chain(modopt.contrib.scale_by_galore(rank=64), modopt.scale(-1e-3))
@@ -177,6 +186,7 @@ class ScaleByGalore(AbstractWrapper):
     scale: Scalar = hyperparameter(1.0, check=FINITE)
     inner: AbstractTransform = eqx.field(default=None, converter=_as_base_optimizer)
     weight_dimension_numbers: Any = static(default=None, converter=_as_dimension_numbers)
+    projector_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     inner_state_field = "base_optimizer_state"
 
     def __init__(
@@ -186,12 +196,15 @@ class ScaleByGalore(AbstractWrapper):
         scale: Scalar = 1.0,
         base_optimizer: Any = None,
         weight_dimension_numbers: Any = None,
+        *,
+        projector_dtype: DTypeLike | None = None,
     ):
         self.rank = rank
         self.update_proj_gap = update_proj_gap
         self.scale = scale
         self.inner = base_optimizer
         self.weight_dimension_numbers = weight_dimension_numbers
+        self.projector_dtype = projector_dtype
 
     def __check_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
@@ -228,12 +241,13 @@ class ScaleByGalore(AbstractWrapper):
         leaves, treedef = jax.tree_util.tree_flatten(params)
         proxies, projectors = [], []
         for p, layout in zip(leaves, self.layouts(params)):
+            stored = state_dtype_for(self.projector_dtype, p.dtype)
             if layout is None:
                 proxies.append(jnp.zeros_like(p))
-                projectors.append(jnp.zeros((0, 0), p.dtype))
+                projectors.append(jnp.zeros((0, 0), stored))
             else:
                 proxies.append(jnp.zeros(layout.proxy_shape(), p.dtype))
-                projectors.append(jnp.zeros(layout.projector_shape(), p.dtype))
+                projectors.append(jnp.zeros(layout.projector_shape(), stored))
         return treedef.unflatten(proxies), treedef.unflatten(projectors)
 
     def init(self, params):
@@ -248,17 +262,20 @@ class ScaleByGalore(AbstractWrapper):
 
     def update(self, updates, state, params=None, **extra_args):
         del params
+        dtype = self.projector_dtype
         refresh = state.count % self.update_proj_gap == 0
         leaves, treedef = jax.tree_util.tree_flatten(updates)
         layouts = self.layouts(updates)
-        old_projectors = treedef.flatten_up_to(state.projector)
+        # With `projector_dtype`, the projections are read (and made) in float32 at least, and
+        # so are the gradients they project.
+        old_projectors = treedef.flatten_up_to(widen(state.projector, dtype))
         projected, projectors = [], []
         for g, projector, layout in zip(leaves, old_projectors, layouts):
             if layout is None:
                 projected.append(g)
                 projectors.append(projector)
                 continue
-            matrix = layout.to_matrix(g)
+            matrix = layout.to_matrix(widen(g, dtype))
             projector = jax.lax.cond(
                 refresh, lambda m=matrix, lay=layout: _svd_projector(m, lay), lambda p=projector: p
             )
@@ -273,11 +290,11 @@ class ScaleByGalore(AbstractWrapper):
                 full.append(n)
                 continue
             matrix = projector @ n if layout.left else n @ projector.T
-            full.append((self.scale * layout.from_matrix(matrix, g.shape)).astype(g.dtype))
+            full.append((self.scale * layout.from_matrix(matrix, g.shape)).astype(update_dtype(g.dtype, dtype)))
         new_state = GaLoreState(
             count=safe_increment(state.count),
             base_optimizer_state=base_state,
-            projector=treedef.unflatten(projectors),
+            projector=store(treedef.unflatten(projectors), dtype),
         )
         return treedef.unflatten(full), new_state
 
@@ -372,6 +389,11 @@ class Galore(AbstractComposite):
             like a prefix of the params, or a function of the params returning one.
         weight_dimension_numbers: which parameters are projected and how (see
             `scale_by_galore`); `None` projects the 2-D ones (static).
+        mu_dtype: the dtype of the base optimizer's first moment (modopt's, keyword-only):
+            passed on to the base optimizer (Adam by default), which must take it; `None`
+            leaves the base optimizer's own.
+        nu_dtype: the dtype of the base optimizer's second moment (keyword-only), likewise.
+        projector_dtype: the dtype of the projections (keyword-only; see `scale_by_galore`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.contrib.galore(1e-2, rank=16), model)
@@ -388,6 +410,32 @@ class Galore(AbstractComposite):
     weight_decay: ScalarOrSchedule = fields.weight_decay(0.0)
     mask: MaskOrFn = fields.mask()
     weight_dimension_numbers: Any = static(default=None, converter=_as_dimension_numbers)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    projector_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+
+    def __check_init__(self):
+        self._base_with_dtypes()  # a base optimizer without the dtypes given is an error now
+
+    def _base_with_dtypes(self) -> AbstractTransform:
+        """The base optimizer, with the `mu_dtype` and `nu_dtype` given (those not `None`)."""
+        base = self.base_optimizer
+        changes = {name: value for name, value in (("mu_dtype", self.mu_dtype), ("nu_dtype", self.nu_dtype)) if value is not None}
+        if not changes:
+            return base
+        for name, value in changes.items():
+            if name not in dtype_field_names(base):
+                raise ValueError(
+                    f"Invalid {name}: {value} (the base_optimizer {type(base).__name__} takes no {name}; give it "
+                    f"to the base optimizer, or leave it None) in Galore."
+                )
+        try:
+            return dataclasses.replace(base, **changes)
+        except TypeError:
+            raise ValueError(
+                f"Invalid {', '.join(changes)}: the base_optimizer {type(base).__name__} cannot be rebuilt with "
+                "them; give them to the base optimizer instead, in Galore."
+            ) from None
 
     def build(self):
         return Chain(
@@ -395,8 +443,9 @@ class Galore(AbstractComposite):
                 self.rank,
                 self.update_proj_gap,
                 self.scale,
-                self.base_optimizer,
+                self._base_with_dtypes(),
                 self.weight_dimension_numbers,
+                projector_dtype=self.projector_dtype,
             ),
             AddDecayedWeights(self.weight_decay, self.mask),
             ScaleByLearningRate(self.learning_rate),

@@ -19,6 +19,7 @@ from ..transforms._privacy import (
     private_key,
 )
 from .._fields import Scalar
+from jax.typing import DTypeLike
 
 
 class Dpsgd(AbstractComposite):
@@ -45,6 +46,8 @@ class Dpsgd(AbstractComposite):
         nesterov: Nesterov's momentum.
         key: the same as `seed`, under the name of `add_noise` and `noisy_sgd`; give one of
             the two.
+        accumulator_dtype: the dtype of the momentum's trace (modopt's, keyword-only); `None`
+            keeps the parameters' dtype (see `fields.dtype` and `trace`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.dpsgd(0.25, l2_norm_clip=1.0, noise_multiplier=1.1, seed=0), model)
@@ -61,6 +64,7 @@ class Dpsgd(AbstractComposite):
     key: jax.Array = prng_key()
     momentum: Scalar | None = fields.momentum(None)
     nesterov: bool = static(default=False)
+    accumulator_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __init__(
         self,
@@ -72,6 +76,7 @@ class Dpsgd(AbstractComposite):
         nesterov: bool = False,
         *,
         key: Any = None,
+        accumulator_dtype: DTypeLike | None = None,
     ):
         self.learning_rate = learning_rate
         self.l2_norm_clip = l2_norm_clip
@@ -79,9 +84,13 @@ class Dpsgd(AbstractComposite):
         self.key = private_key(key, seed, "dpsgd")
         self.momentum = momentum
         self.nesterov = nesterov
+        self.accumulator_dtype = accumulator_dtype
 
     def build(self):
-        accumulate = Identity() if self.momentum is None else Trace(self.momentum, self.nesterov)
+        if self.momentum is None:
+            accumulate = Identity()
+        else:
+            accumulate = Trace(self.momentum, self.nesterov, accumulator_dtype=self.accumulator_dtype)
         return Chain(
             DifferentiallyPrivateAggregate(self.l2_norm_clip, self.noise_multiplier, key=self.key),
             accumulate,

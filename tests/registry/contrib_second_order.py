@@ -158,6 +158,7 @@ ENTRIES = [
         # Each step moves a matrix in a rank-3 subspace: 300 steps cannot fit a 130 x 136 one.
         converges=False,
         own_rule=True,  # as galore; the cube's merged columns (1, 2) are split on axis 2: unsplit
+        partial_state_dtypes="the base optimizer (lion) has state dtypes of its own",
     ),
     # --- SAM -----------------------------------------------------------------------------------
     Entry(

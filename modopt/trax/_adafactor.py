@@ -28,13 +28,14 @@ from ..transforms._real_only import reject_complex
 from ._base import Optimizer, learning_rate_field
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from .._moments import in_update_dtype, state_dtype_for, store, widen
 
 
 class TraxFactoredState(NamedTuple):
     """trax Adafactor's second-moment statistics: the step count and, per parameter, a list."""
 
     count: jax.Array  # int32 scalar: the step (trax's caller's step)
-    v: Any  # per parameter: [v_row, v_col] (float32) if factored, else [v] (the param's dtype)
+    v: Any  # per parameter: [v_row, v_col] (float32) if factored, else [v] (the param's dtype); all in `nu_dtype` if set
 
 
 class ScaleByTraxFactoredRms(AbstractTransform):
@@ -56,13 +57,17 @@ class ScaleByTraxFactoredRms(AbstractTransform):
     adds its epsilon to `g^2` inside the averages.
 
     State: `TraxFactoredState`; the factored statistics are float32 whatever the parameter's
-    dtype, as in trax. Under sharding, `v_row` and `v_col` take the parameter's spec without
-    the reduced axis.
+    dtype, as in trax (unless `nu_dtype` is set). Under sharding, `v_row` and `v_col` take the
+    parameter's spec without the reduced axis.
 
     Args:
         decay_rate: the exponent of the decay schedule `1 - t^(-decay_rate)`, >= 0.
         epsilon1: added to the statistics where they are used, >= 0.
         factored: factor the statistics of parameters of rank >= 2 (static).
+        nu_dtype: the dtype of every statistic (modopt's, keyword-only); `None` keeps trax's
+            (float32 for the factored ones, the parameter's for the others). Set, the
+            statistics and the gradients are read in float32 at least and the statistics are
+            rounded only when stored (see `fields.dtype`).
 
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
@@ -70,17 +75,20 @@ class ScaleByTraxFactoredRms(AbstractTransform):
     decay_rate: Scalar = hyperparameter(0.8, check=NONNEGATIVE)
     epsilon1: Scalar = fields.eps(1e-16)
     factored: bool = static(default=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def _factors(self, p: Any) -> bool:
         return self.factored and p.ndim >= 2
 
     def init(self, params):
         reject_complex(params, self)
+        dtype = self.nu_dtype
 
         def one(p):
             if self._factors(p):
-                return [jnp.zeros(p.shape[:-1], jnp.float32), jnp.zeros(p.shape[:-2] + p.shape[-1:], jnp.float32)]
-            return [jnp.zeros_like(p)]
+                factored = jnp.float32 if dtype is None else dtype
+                return [jnp.zeros(p.shape[:-1], factored), jnp.zeros(p.shape[:-2] + p.shape[-1:], factored)]
+            return [jnp.zeros_like(p, state_dtype_for(dtype, p.dtype))]
 
         return TraxFactoredState(count=jnp.zeros([], jnp.int32), v=jax.tree_util.tree_map(one, params))
 
@@ -91,24 +99,32 @@ class ScaleByTraxFactoredRms(AbstractTransform):
         leaves, treedef = jax.tree_util.tree_flatten(updates, is_leaf=is_none)
         stats = treedef.flatten_up_to(state.v)
         results = [(None, v) if g is None else self._one(g, v, decay, mixing) for g, v in zip(leaves, stats)]
-        new_updates = treedef.unflatten([y for y, _ in results])
+        new_updates = in_update_dtype(treedef.unflatten([y for y, _ in results]), updates, self.nu_dtype)
         new_v = treedef.unflatten([v for _, v in results])
         return new_updates, TraxFactoredState(count=safe_increment(state.count), v=new_v)
 
     def _one(self, g, stats, decay, mixing):
+        # With `nu_dtype`, the statistics and the gradient in float32 at least, the statistics
+        # rounded to `nu_dtype` when stored; without, each statistic keeps its dtype.
+        dtype = self.nu_dtype
+        g, widened = widen(g, dtype), widen(stats, dtype)
+
+        def kept(new, old):
+            return new.astype(old.dtype) if dtype is None else store(new, dtype)
+
         g_sq = g * g
         if self._factors(g):
-            v_row, v_col = stats
-            new_row = decay * v_row + mixing * jnp.mean(g_sq, axis=-1)
-            new_col = decay * v_col + mixing * jnp.mean(g_sq, axis=-2)
+            (v_row, v_col), (row, col) = stats, widened
+            new_row = decay * row + mixing * jnp.mean(g_sq, axis=-1)
+            new_col = decay * col + mixing * jnp.mean(g_sq, axis=-2)
             row_mean = jnp.mean(new_row, axis=-1, keepdims=True)
             row_factor = (row_mean / (new_row + self.epsilon1)) ** 0.5
             col_factor = (new_col + self.epsilon1) ** -0.5
             y = g * jnp.expand_dims(row_factor, -1) * jnp.expand_dims(col_factor, -2)
-            return y, [new_row.astype(v_row.dtype), new_col.astype(v_col.dtype)]
-        (v,) = stats
-        new_v = decay * v + mixing * g_sq
-        return g * (new_v + self.epsilon1) ** -0.5, [new_v.astype(v.dtype)]
+            return y, [kept(new_row, v_row), kept(new_col, v_col)]
+        (v,), (wide,) = stats, widened
+        new_v = decay * wide + mixing * g_sq
+        return g * (new_v + self.epsilon1) ** -0.5, [kept(new_v, v)]
 
     def state_specs(self, params, param_specs):
         def one(p, spec):
@@ -134,7 +150,8 @@ class StoredEma(AbstractTransform):
         m <- decay * m + (1 - decay) * u,   output: m (before rounding to `dtype`)
 
     With `dtype=jnp.bfloat16` (trax's `momentum_in_bfloat16`) the state is rounded to bf16,
-    while the output and the arithmetic use the unrounded value in the updates' dtype.
+    while the output and the arithmetic use the unrounded value, in float32 at least (as every
+    state dtype, see `fields.dtype`; trax's reference computes it in higher precision too).
     `modopt.ema(decay, debias=False, accumulator_dtype=...)` (optax's `ema`) computes
     `decay * m` in the stored dtype instead, which rounds it to bf16.
 
@@ -150,8 +167,12 @@ class StoredEma(AbstractTransform):
         return StoredEmaState(ema=zeros_like(params, self.dtype))
 
     def update(self, updates, state, params=None, **extra_args):
-        ema = map_updates(lambda u, m: self.decay * m.astype(u.dtype) + (1.0 - self.decay) * u, updates, state.ema)
-        return ema, StoredEmaState(ema=cast_like(ema, state.ema))
+        dtype = self.dtype
+        ema = map_updates(
+            lambda u, m: self.decay * m.astype(u.dtype) + (1.0 - self.decay) * u, widen(updates, dtype), widen(state.ema, dtype)
+        )
+        new_state = StoredEmaState(ema=cast_like(ema, state.ema) if dtype is None else store(ema, dtype))
+        return in_update_dtype(ema, updates, dtype), new_state
 
 
 class WeightDecayRamp(AbstractSchedule):
@@ -225,6 +246,12 @@ class Adafactor(Optimizer):
             constant decay.
         epsilon1: added to the second-moment statistics where they are used, >= 0.
         epsilon2: the smallest weight RMS the step is scaled by, >= 0.
+        mu_dtype: the dtype of the momentum slot (modopt's, keyword-only); `None` keeps the
+            weights' (bfloat16 with `momentum_in_bfloat16`, which is the same as
+            `mu_dtype=jnp.bfloat16`; another `mu_dtype` with it is an error).
+        nu_dtype: the dtype of the second-moment statistics (modopt's, keyword-only); `None`
+            keeps trax's (float32 when factored, else the weight's). Set, they are accumulated
+            in float32 and rounded when stored (see `fields.dtype`).
 
     Reference: Shazeer & Stern, 2018, https://arxiv.org/abs/1804.04235
     """
@@ -242,6 +269,15 @@ class Adafactor(Optimizer):
     weight_decay_n_steps: Scalar = hyperparameter(0, check=NONNEGATIVE)
     epsilon1: Scalar = fields.eps(1e-16)
     epsilon2: Scalar = fields.eps(1e-3)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+
+    def __check_init__(self):
+        if self.momentum_in_bfloat16 and self.mu_dtype not in (None, jnp.dtype(jnp.bfloat16)):
+            raise ValueError(
+                f"Invalid mu_dtype: {self.mu_dtype} with momentum_in_bfloat16=True (which stores the momentum in "
+                "bfloat16): give one of the two, in Adafactor."
+            )
 
     @property
     def opt_param_names(self):
@@ -251,14 +287,17 @@ class Adafactor(Optimizer):
         )  # fmt: skip
 
     def step_transform(self):
-        parts: list[AbstractTransform] = [ScaleByTraxFactoredRms(self.decay_rate, self.epsilon1, factored=self.factored)]
+        parts: list[AbstractTransform] = [
+            ScaleByTraxFactoredRms(self.decay_rate, self.epsilon1, factored=self.factored, nu_dtype=self.nu_dtype)
+        ]
         if self.do_clipping:
             parts.append(ClipByBlockRms(self.clipping_threshold))
         parts.append(ScaleByLearningRate(self.learning_rate, flip_sign=False))
         if self.multiply_by_parameter_scale:
             parts.append(ScaleByParamBlockRms(self.epsilon2))
         if self.do_momentum:
-            parts.append(StoredEma(self.beta1, jnp.bfloat16 if self.momentum_in_bfloat16 else None))
+            momentum_dtype = jnp.bfloat16 if self.momentum_in_bfloat16 else None
+            parts.append(StoredEma(self.beta1, momentum_dtype if self.mu_dtype is None else self.mu_dtype))
         parts.append(AddDecayedWeights(WeightDecayRamp(self.weight_decay_rate, self.weight_decay_n_steps)))
         parts.append(Scale(-1.0))
         return Chain(*parts)

@@ -20,6 +20,9 @@ from ..transforms._real_only import reject_complex
 from ..transforms._sm3 import _accumulator_specs, _along, _reduce_to_accumulators, _zero_accumulators
 from ._base import Optimizer, TraxSide, learning_rate_field
 from .._fields import Scalar
+from .. import fields
+from .._moments import in_update_dtype, store, widen
+from jax.typing import DTypeLike
 
 
 class MomentumType(enum.IntEnum):
@@ -38,7 +41,7 @@ class MomentumType(enum.IntEnum):
 class TraxSM3State(NamedTuple):
     """trax SM3's accumulators, per parameter."""
 
-    v1: Any  # per parameter: a list of vectors, one per dimension (a scalar: one of shape ())
+    v1: Any  # per parameter: a list of vectors, one per dimension (a scalar: one of shape ()), in `nu_dtype` if set
     v2: Any  # per parameter: the grafted AdaGrad accumulators, laid out as v1; [] without grafting
 
 
@@ -85,6 +88,9 @@ class ScaleByTraxSM3(AbstractTransform):
     Args:
         second_moment_averaging: `b2`, in [0, 1]; 1 sums squared gradients (AdaGrad-like).
         graft: rescale to the norm of the AdaGrad-preconditioned gradient (static).
+        nu_dtype: the dtype of the accumulators (modopt's, keyword-only); `None` keeps the
+            parameters' dtype. Set, they and the gradients are read in float32 at least and the
+            accumulators are rounded only when stored (see `fields.dtype`).
 
     Reference: Anil et al., 2019, "Memory-Efficient Adaptive Optimization",
     https://arxiv.org/abs/1901.11150
@@ -92,23 +98,31 @@ class ScaleByTraxSM3(AbstractTransform):
 
     second_moment_averaging: Scalar = hyperparameter(1.0, check=UNIT)
     graft: bool = static(default=False)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         reject_complex(params, self)
-        v1 = jax.tree_util.tree_map(_zero_accumulators, params)
-        v2 = jax.tree_util.tree_map(_zero_accumulators if self.graft else lambda p: [], params)
+        zeros = functools.partial(_zero_accumulators, dtype=self.nu_dtype)
+        v1 = jax.tree_util.tree_map(zeros, params)
+        v2 = jax.tree_util.tree_map(zeros if self.graft else lambda p: [], params)
         return TraxSM3State(v1=v1, v2=v2)
 
     def update(self, updates, state, params=None, **extra_args):
+        dtype, grads = self.nu_dtype, updates
+        updates = widen(updates, dtype)  # with `nu_dtype`, in float32 at least
         leaves, treedef = jax.tree_util.tree_flatten(updates, is_leaf=is_none)
-        v1s, v2s = treedef.flatten_up_to(state.v1), treedef.flatten_up_to(state.v2)
+        v1s = treedef.flatten_up_to(widen(state.v1, dtype))
+        v2s = treedef.flatten_up_to(widen(state.v2, dtype))
         results = [
             (None, v1, v2) if g is None else self._one(g, v1, v2) for g, v1, v2 in zip(leaves, v1s, v2s)
         ]
         new_updates = treedef.unflatten([pg for pg, _, _ in results])
         v1 = treedef.unflatten([v1 for _, v1, _ in results])
         v2 = treedef.unflatten([v2 for _, _, v2 in results])
-        return new_updates, TraxSM3State(v1=cast_like(v1, state.v1), v2=cast_like(v2, state.v2))
+        new_updates = in_update_dtype(new_updates, grads, dtype)
+        if dtype is None:
+            return new_updates, TraxSM3State(v1=cast_like(v1, state.v1), v2=cast_like(v2, state.v2))
+        return new_updates, TraxSM3State(v1=store(v1, dtype), v2=store(v2, dtype))
 
     def _one(self, g, v1, v2):
         b2 = self.second_moment_averaging
@@ -180,6 +194,11 @@ class SM3(Optimizer):
             gradients, anything else also grafts.
         weight_decay: added to the preconditioned gradient, times the weight (any finite number).
         momentum_type: a `MomentumType` (or its int value), fixed at construction.
+        mu_dtype: the dtype of the momentum slot `m` (modopt's, keyword-only); `None` keeps the
+            weights' dtype (see `fields.dtype`: state dtypes are accumulated in float32 and
+            stored in this dtype).
+        nu_dtype: the dtype of the accumulators `v1s`, `v2s` (keyword-only); `None` keeps the
+            weights' dtype.
 
     Reference: Anil et al., 2019, "Memory-Efficient Adaptive Optimization",
     https://arxiv.org/abs/1901.11150
@@ -192,6 +211,8 @@ class SM3(Optimizer):
     momentum_type: MomentumType = choice(MomentumType.EMA, tuple(MomentumType), converter=_as_momentum_type)
     has_momentum: bool = static(default=True)
     graft: bool = static(default=False)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __init__(
         self,
@@ -200,6 +221,9 @@ class SM3(Optimizer):
         second_moment_averaging: Scalar = 1.0,
         weight_decay: Scalar = 0.0,
         momentum_type: Any = MomentumType.EMA,
+        *,
+        mu_dtype: DTypeLike | None = None,
+        nu_dtype: DTypeLike | None = None,
     ):
         self.learning_rate = learning_rate
         self.momentum = momentum
@@ -208,6 +232,8 @@ class SM3(Optimizer):
         self.momentum_type = momentum_type
         self.has_momentum = _concrete_flag(momentum, lambda v: v > 0, "momentum")
         self.graft = _concrete_flag(second_moment_averaging, lambda v: v != 1.0, "second_moment_averaging")
+        self.mu_dtype = mu_dtype
+        self.nu_dtype = nu_dtype
         self.trax_side = TraxSide()
 
     @property
@@ -216,12 +242,13 @@ class SM3(Optimizer):
 
     def _momentum_transform(self) -> AbstractTransform:
         if self.momentum_type == MomentumType.EMA:
-            return Ema(self.momentum, debias=False)
-        return Trace(self.momentum, nesterov=self.momentum_type == MomentumType.NESTEROV)
+            return Ema(self.momentum, debias=False, accumulator_dtype=self.mu_dtype)
+        nesterov = self.momentum_type == MomentumType.NESTEROV
+        return Trace(self.momentum, nesterov=nesterov, accumulator_dtype=self.mu_dtype)
 
     def step_transform(self):
         parts: list[AbstractTransform] = [
-            ScaleByTraxSM3(self.second_moment_averaging, graft=self.graft),
+            ScaleByTraxSM3(self.second_moment_averaging, graft=self.graft, nu_dtype=self.nu_dtype),
             AddDecayedWeights(self.weight_decay),
         ]
         if self.has_momentum:

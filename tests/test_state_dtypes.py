@@ -194,8 +194,14 @@ def test_every_state_dtype_argument_sets_some_state():
 
 
 def _trajectories(entry: Entry):
-    """Updates and states of four copies of the entry's transform over the same float32
-    parameters (those of `plain`) and gradients of the same values:
+    return _copies(entry.make(), small_shapes(entry), entry.args)
+
+
+def _copies(tx, shapes, args, steps=STEPS, per_example=False):
+    """Updates and states of four copies of the transform `tx` over the same float32
+    parameters (those of `plain`) and gradients of the same values (with a leading batch axis
+    of one example where the transform takes `per_example` gradients), `args(loss, params)`
+    giving the extra arguments:
 
     - `plain`: every state dtype `None` (the parameters' float32), float32 gradients;
     - `wide`: every state dtype float32, bfloat16 gradients;
@@ -203,11 +209,12 @@ def _trajectories(entry: Entry):
     - `rounded`: `plain`, with the leaves of its state that are bfloat16 in `low` rounded to
       bfloat16 (and back) after each step: the float32 computation on a bfloat16 store.
     """
-    plain = all_dtypes(entry.make(), None)
+    plain = all_dtypes(tx, None)
     runs = {"plain": plain, "wide": all_dtypes(plain, jnp.float32), "low": all_dtypes(plain, jnp.bfloat16), "rounded": plain}
-    shapes = small_shapes(entry)
     params = make_params(shapes=shapes)
-    grads = [make_grads(step, make_params(jnp.bfloat16, shapes)) for step in range(STEPS)]
+    grads = [make_grads(step, make_params(jnp.bfloat16, shapes)) for step in range(steps)]
+    if per_example:
+        grads = jax.tree.map(lambda g: g[None], grads)
 
     def round_like(state, low):
         def one(x, y):
@@ -222,7 +229,7 @@ def _trajectories(entry: Entry):
         steps = []
         for g16 in grads:
             g32 = jax.tree.map(lambda g: g.astype(jnp.float32), g16)
-            extra = entry.args(quadratic(params), params)
+            extra = args(quadratic(params), params)
             updates = {}
             for name, tx in runs.items():
                 updates[name], states[name] = tx.update(g16 if name == "wide" else g32, states[name], params, **extra)
@@ -254,18 +261,48 @@ def assert_close(ours, theirs, what, rtol, scales=None):
 
 @pytest.mark.parametrize("entry", NUMERIC, ids=str)
 def test_state_precision_decides_the_numbers(entry: Entry):
-    params_scale = jax.tree.map(lambda p: jnp.max(jnp.abs(p)), make_params(shapes=small_shapes(entry)))
-    for step, (updates, states) in enumerate(_trajectories(entry)):
+    _check_precision(str(entry), _trajectories(entry), small_shapes(entry))
+
+
+def _check_precision(entry: str, trajectories, shapes, wide=True, low_rtol=BF16_EPS):
+    params_scale = jax.tree.map(lambda p: jnp.max(jnp.abs(p)), make_params(shapes=shapes))
+    for step, (updates, states) in enumerate(trajectories):
         # Float32 state dtypes with bfloat16 gradients: the float32 computation.
-        assert_close(updates["wide"], updates["plain"], f"{entry} float32 updates, step {step}: ", 1e-5)
-        assert_close(states["wide"], states["plain"], f"{entry} float32 state, step {step}: ", 1e-5)
+        if wide:
+            assert_close(updates["wide"], updates["plain"], f"{entry} float32 updates, step {step}: ", 1e-5)
+            assert_close(states["wide"], states["plain"], f"{entry} float32 state, step {step}: ", 1e-5)
         # Bfloat16 state dtypes: the float32 computation, the state rounded to bfloat16 between
         # steps (one rounding may land on either side). The update may use the state as stored
         # (NovoGrad's, Schedule-Free's iterate `z`, as optax's) or before rounding: one bfloat16
         # rounding of the update, or of the parameters it moves (Schedule-Free's).
         assert_close(states["low"], states["rounded"], f"{entry} bfloat16 state, step {step}: ", BF16_EPS)
         what = f"{entry} bfloat16 updates, step {step}: "
-        assert_close(updates["low"], updates["rounded"], what, BF16_EPS, params_scale)
+        assert_close(updates["low"], updates["rounded"], what, low_rtol, params_scale)
+
+
+# Transforms whose state dtypes set only part of their state in the registry's entries (so that
+# the check above skips them), or that the registry wraps: the same check on a configuration of
+# their own. L-BFGS's `memory_dtype` sets its memories of `s` and `y` (its last parameters and
+# gradients keep the parameters' dtype), over three steps so that an older, rounded row is read;
+# DP-SGD takes per-example gradients (the registry feeds it through a test wrapper); its
+# aggregation (clipping, noise) works on the gradients as given, before the trace its
+# `accumulator_dtype` sets, so only the bfloat16 check applies. L-BFGS uses its newest pair
+# unrounded and reads the older ones as stored: its bfloat16 updates are those of the float32
+# computation on the rounded memory, to float32 rounding. Each: (make, steps, per-example
+# gradients, the float32 check applies, the bfloat16 updates' tolerance).
+EXPLICIT = {
+    "scale_by_lbfgs": (lambda: modopt.scale_by_lbfgs(memory_size=2), 3, False, True, 1e-5),
+    "dpsgd": (lambda: modopt.dpsgd(0.1, 5.0, 1e-3, 3, momentum=0.9, nesterov=True), STEPS, True, False, BF16_EPS),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPLICIT))
+def test_state_precision_decides_the_numbers_outside_the_registry(name):
+    make, steps, per_example, wide, low_rtol = EXPLICIT[name]
+    shapes = {"matrix": (3, 5)}  # one leaf: each step compiles loops over the memory's rows
+    trajectories = _copies(make(), shapes, lambda loss, params: {}, steps, per_example)
+    assert any(jnp.result_type(leaf) == jnp.bfloat16 for _, leaf in flat(trajectories[-1][1]["low"]))
+    _check_precision(name, trajectories, shapes, wide, low_rtol)
 
 
 # --- 4. optax's own state dtypes ------------------------------------------------------------------

@@ -12,6 +12,7 @@ from .._fields import static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, Scale, ScaleByLBFGS, ScaleByLearningRate, ScaleByZoomLinesearch
+from jax.typing import DTypeLike
 
 
 def _default_linesearch() -> AbstractTransform:
@@ -43,6 +44,8 @@ class Lbfgs(AbstractComposite):
         scale_init_precond: scale the initial inverse Hessian by `<s, y> / <y, y>` (static).
         linesearch: the transform choosing the step size (a modopt or optax transform), or
             `None` for no line search.
+        memory_dtype: the dtype of the memories of `s` and `y` (modopt's, keyword-only; see
+            `scale_by_lbfgs`); `None` keeps the parameters' dtype.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.lbfgs(), model)
@@ -61,10 +64,12 @@ class Lbfgs(AbstractComposite):
     memory_size: int = static(default=10)
     scale_init_precond: bool = static(default=True)
     linesearch: AbstractTransform = eqx.field(default_factory=_default_linesearch, converter=_as_linesearch)
+    memory_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
         scaling = Scale(-1.0) if self.learning_rate is None else ScaleByLearningRate(self.learning_rate)
-        return Chain(ScaleByLBFGS(self.memory_size, self.scale_init_precond), scaling, self.linesearch)
+        lbfgs = ScaleByLBFGS(self.memory_size, self.scale_init_precond, memory_dtype=self.memory_dtype)
+        return Chain(lbfgs, scaling, self.linesearch)
 
 
 lbfgs = Lbfgs

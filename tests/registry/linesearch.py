@@ -59,6 +59,11 @@ def _optax_descending(linesearch):
     return optax.chain(optax.scale(-1.0), linesearch)
 
 
+# `memory_dtype` sets the memories of `s` and `y` only: the last parameters and gradients (whose
+# differences they are), and a line search's state, keep the parameters' dtype. Its numbers are
+# checked in `test_state_dtypes.py` (L-BFGS against the float32 computation on a rounded memory).
+LBFGS_PARTIAL = "memory_dtype sets the memories of s and y only"
+
 ENTRIES = [
     # --- line searches, after the negative gradient ------------------------------------
     Entry(
@@ -93,12 +98,14 @@ ENTRIES = [
         lambda: modopt.scale_by_lbfgs(),
         lambda: optax.scale_by_lbfgs(),
         own_rule=True,
+        partial_state_dtypes=LBFGS_PARTIAL,
     ),
     Entry(
         "scale_by_lbfgs_unscaled",
         lambda: modopt.scale_by_lbfgs(memory_size=3, scale_init_precond=False),
         lambda: optax.scale_by_lbfgs(memory_size=3, scale_init_precond=False),
         own_rule=True,
+        partial_state_dtypes=LBFGS_PARTIAL,
     ),
     Entry(
         "lbfgs",
@@ -108,6 +115,7 @@ ENTRIES = [
         descent=True,
         steps_to_converge=20,
         extra_args=_loss_args,
+        partial_state_dtypes=LBFGS_PARTIAL,
     ),
     Entry(
         "lbfgs_backtracking",
@@ -117,6 +125,7 @@ ENTRIES = [
         descent=True,
         steps_to_converge=30,
         extra_args=_loss_args,
+        partial_state_dtypes=LBFGS_PARTIAL,
     ),
     Entry(
         "lbfgs_no_linesearch",
@@ -126,5 +135,6 @@ ENTRIES = [
         descent=True,
         steps_to_converge=60,
         own_rule=True,
+        partial_state_dtypes=LBFGS_PARTIAL,
     ),
 ]

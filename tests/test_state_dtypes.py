@@ -397,3 +397,34 @@ def test_optax_state_dtypes_give_optax_numbers(name):
 def test_a_bad_state_dtype_is_an_error_naming_it(make, argument, owner, dtype, why):
     with pytest.raises(ValueError, match=rf"^Invalid {argument}: {why} \(must be a floating dtype .*, or None for the default\) in {owner}\.$"):
         make(dtype)
+
+
+# --- 6. lookahead's slow parameters ---------------------------------------------------------------
+def test_lookahead_slow_parameters_in_bfloat16_are_the_float32_ones_rounded():
+    """`LookaheadParams.init_synced(params, slow_dtype=bfloat16)`: the slow copy is bfloat16 and
+    follows the float32 lookahead whose slow parameters are rounded to bfloat16 after each step
+    (two synchronizations in four steps); the fast ones restart from the unrounded value."""
+    tx = modopt.lookahead(modopt.sgd(0.1, 0.9), sync_period=2, slow_step_size=0.5)
+    params = make_params(shapes={"matrix": (3, 5)})
+    low, plain = modopt.LookaheadParams.init_synced(params, jnp.bfloat16), modopt.LookaheadParams.init_synced(params)
+    assert jnp.result_type(low.slow["matrix"]) == jnp.bfloat16 and low.slow["matrix"] is not params["matrix"]
+
+    @jax.jit
+    def run(low, plain):
+        states, out = (tx.init(low), tx.init(plain)), []
+        for step in range(4):
+            grads = make_grads(step, params)
+            (u_low, s_low), (u_plain, s_plain) = tx.update(grads, states[0], low), tx.update(grads, states[1], plain)
+            low, plain, states = modopt.apply_updates(low, u_low), modopt.apply_updates(plain, u_plain), (s_low, s_plain)
+            plain = plain._replace(slow=jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), plain.slow))
+            out.append((low, plain))
+        return out
+
+    for step, (ours, oracle) in enumerate(run(low, plain)):
+        assert jnp.result_type(ours.slow["matrix"]) == jnp.bfloat16
+        assert_close(ours, oracle, f"lookahead step {step}: ", 1e-6)
+
+
+def test_a_bad_slow_dtype_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"^Invalid slow_dtype: int32 is not a floating dtype .* in LookaheadParams\.init_synced\.$"):
+        modopt.LookaheadParams.init_synced({"w": jnp.zeros(3)}, jnp.int32)

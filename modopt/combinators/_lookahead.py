@@ -11,25 +11,43 @@ from .._base import AbstractTransform, AbstractWrapper, inner_transform, require
 from .._extra_args import adapt_to_params, declared_extra_args
 from .._fields import POSITIVE_INTEGER, UNIT, hyperparameter, static
 from .._fields import Scalar
+from .._fields import _dtype_violation, canonical_dtype
+from .._moments import copy_state
+from jax.typing import DTypeLike
 
 
 class LookaheadParams(NamedTuple):
     """The two copies of the parameters lookahead trains.
 
     Compute gradients at `fast`; evaluate (and serve) `slow`, which generalizes better.
-    `LookaheadParams.init_synced(params)` starts both at `params`.
+    `LookaheadParams.init_synced(params)` starts both at `params`; the slow copy may be kept in
+    another dtype (`slow_dtype`).
     """
 
     fast: Any
     slow: Any
 
     @classmethod
-    def init_synced(cls, params: Any) -> LookaheadParams:
+    def init_synced(cls, params: Any, slow_dtype: DTypeLike | None = None) -> LookaheadParams:
         """`LookaheadParams(fast=params, slow=<a copy of params>)`.
 
         The slow parameters are a copy, not the same arrays, so a jitted step can donate both.
+
+        Args:
+            params: the parameters, a pytree of arrays.
+            slow_dtype: the dtype of the slow copy (modopt's; `jnp.bfloat16` halves its memory
+                for float32 parameters), a floating dtype, or `None` for the parameters' own.
+                The synchronization is computed in the wider of the two dtypes and the slow
+                parameters are rounded once, when `apply_updates` stores them; the fast ones
+                restart from the unrounded value.
         """
-        return cls(fast=params, slow=jax.tree_util.tree_map(jnp.copy, params))
+        dtype = canonical_dtype(slow_dtype)
+        if dtype is not None and (violation := _dtype_violation(dtype)):
+            raise ValueError(
+                f"Invalid slow_dtype: {violation} (must be a floating dtype such as jnp.float32 or jnp.bfloat16, "
+                "or None for the parameters' own) in LookaheadParams.init_synced."
+            )
+        return cls(fast=params, slow=copy_state(params, dtype))
 
 
 class LookaheadState(NamedTuple):

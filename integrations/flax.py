@@ -37,6 +37,8 @@ from modopt._hyperparameters import (
     set_hyperparameters_with_state,
     single_learning_rate,
 )
+from modopt._compensated import AbstractCompensation, make_compensation
+from modopt._offload import check_memory_kind, to_device, to_host, with_memory_kind
 from modopt._optimizer import _check_reduced, _zeros
 from modopt.sharding._shardings import params_layout
 
@@ -63,12 +65,22 @@ class TrainState(struct.PyTreeNode):
     shapes). A transform that takes per-example gradients (`dpsgd`) takes every gradient with
     one leading batch axis, `(batch_size, *param.shape)`; any other takes the parameters' shapes.
 
+    `create` takes `modopt.Optimizer`'s options for low-precision parameters and memory:
+    `compensation="kahan"` or `"stochastic_rounding"` (with `key=`) applies the updates to
+    `bfloat16` / `float16` parameters with compensation, and `state_memory_kind="pinned_host"`
+    keeps the optimizer state (and the compensation) in host memory between steps, moved in
+    and out inside the jitted step. The numbers are `modopt.Optimizer`'s, bit for bit.
+
     Args:
         step: the number of steps taken, an integer scalar (`create` starts it at 0).
         apply_fn: the model's apply function, usually `model.apply` (not a pytree leaf).
         params: the parameters, a pytree.
         tx: the transform: a modopt transform, or an optax one.
         opt_state: the transform's state (`create` initializes it).
+        compensation: the compensation state (`Optimizer.compensation`), or `None` (keyword-only;
+            `create` makes it from its `compensation` and `key` arguments).
+        state_memory_kind: where `opt_state` and `compensation` are kept between steps: `None`
+            for the accelerator's memory, or `"pinned_host"` (keyword-only, static).
     """
 
     step: Any
@@ -76,11 +88,51 @@ class TrainState(struct.PyTreeNode):
     params: Any
     tx: modopt.AbstractTransform
     opt_state: Any
+    # Keyword-only with defaults: subclasses still add fields without defaults, as with Flax's.
+    compensation: AbstractCompensation | None = struct.field(default=None, kw_only=True)
+    state_memory_kind: str | None = struct.field(pytree_node=False, default=None, kw_only=True)
 
     @classmethod
-    def create(cls, *, apply_fn: Callable, params: Any, tx: Any, **kwargs: Any) -> TrainState:
+    def create(
+        cls,
+        *,
+        apply_fn: Callable,
+        params: Any,
+        tx: Any,
+        compensation: str | None = None,
+        key: jax.Array | None = None,
+        state_memory_kind: str | None = None,
+        **kwargs: Any,
+    ) -> TrainState:
+        """A `TrainState` at step 0 with the transform's initial state.
+
+        Args:
+            apply_fn: the model's apply function.
+            params: the parameters.
+            tx: a modopt transform, or an optax one.
+            compensation: `None`, `"kahan"` or `"stochastic_rounding"`: how updates are applied
+                to `bfloat16` / `float16` parameters (see `modopt.Optimizer`).
+            key: the PRNG key of `compensation="stochastic_rounding"` (required with it, refused
+                otherwise).
+            state_memory_kind: `None`, or `"pinned_host"` to keep the optimizer state in host memory.
+            **kwargs: the fields a subclass adds.
+        """
         tx = owned_transform(tx, "TrainState")
-        return cls(step=0, apply_fn=apply_fn, params=params, tx=tx, opt_state=owned_init(tx, params), **kwargs)
+        make_compensation(compensation, None, key, "TrainState")  # validates the arguments
+        check_memory_kind(state_memory_kind, params, "TrainState")
+        opt_state, buffers = owned_init(tx, params), make_compensation(compensation, params, key, "TrainState")
+        if state_memory_kind is not None:
+            opt_state, buffers = to_host((opt_state, buffers))
+        return cls(
+            step=0,
+            apply_fn=apply_fn,
+            params=params,
+            tx=tx,
+            opt_state=opt_state,
+            compensation=buffers,
+            state_memory_kind=state_memory_kind,
+            **kwargs,
+        )
 
     def apply_gradients(self, *, grads: Any, **kwargs: Any) -> TrainState:
         fields = {f.name for f in dataclasses.fields(self)}
@@ -89,12 +141,22 @@ class TrainState(struct.PyTreeNode):
         check_extra_args(self.tx, extra_args, "TrainState.apply_gradients")
         per_example = self.tx.takes_per_example_updates()
         grads = _checked_gradients(self.tx, self.params, grads, per_example, "TrainState.apply_gradients", **_LINEN)
-        check_state(self.tx, self.opt_state, self.params)
-        updates, opt_state = self.tx.update(grads, self.opt_state, self.params, **extra_args)
+        offloaded = self.state_memory_kind is not None
+        opt_state, compensation = (self.opt_state, self.compensation)
+        if offloaded:
+            opt_state, compensation = to_device((opt_state, compensation))
+        check_state(self.tx, opt_state, self.params)
+        updates, opt_state = self.tx.update(grads, opt_state, self.params, **extra_args)
         if per_example:
             _check_reduced(self.tx, updates, self.params)
-        params = modopt.apply_updates(self.params, updates)
-        return self.replace(step=self.step + 1, params=params, opt_state=opt_state, **replace)
+        if compensation is None:
+            params = modopt.apply_updates(self.params, updates)
+        else:
+            params, compensation = compensation.apply(self.params, updates)
+        if offloaded:
+            opt_state, compensation = to_host((opt_state, compensation))
+        new = dict(step=self.step + 1, params=params, opt_state=opt_state, compensation=compensation)
+        return self.replace(**new, **replace)
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
@@ -159,6 +221,12 @@ class NnxOptimizer(nnx.Pytree):
     Many small variables are stepped as a few flat buffers, as by `modopt.Optimizer` (see
     there): the same numbers, and `group_small_leaves=False` keeps the state shaped like the
     variables (ignored with `shardings=`).
+
+    `compensation=` (`"kahan"`, or `"stochastic_rounding"` with `key=`) and
+    `state_memory_kind="pinned_host"` are `modopt.Optimizer`'s (see there), with its numbers
+    bit for bit. The compensation is a fourth variable, `compensation` (an `OptimizerState`,
+    `None` without one). `state_memory_kind` is not taken with `shardings=` here: use
+    `modopt.Optimizer` for offloaded sharded state.
     """
 
     def __init__(
@@ -170,6 +238,9 @@ class NnxOptimizer(nnx.Pytree):
         shardings: Any = None,
         zero_axis: str | None = None,
         group_small_leaves: bool = True,
+        compensation: str | None = None,
+        key: jax.Array | None = None,
+        state_memory_kind: str | None = None,
     ):
         tx = owned_transform(tx, "NnxOptimizer")
         # The transform and its state are one variable each (see the class docstring).
@@ -182,12 +253,29 @@ class NnxOptimizer(nnx.Pytree):
         params = nnx.as_pure(nnx.state(model, self._trained))
         if not jax.tree_util.tree_leaves(params):
             raise ValueError(_selects_nothing(model, wrt))
+        make_compensation(compensation, None, key, "NnxOptimizer")  # validates the arguments
+        check_memory_kind(state_memory_kind, params, "NnxOptimizer")
+        if state_memory_kind is not None and shardings is not None:
+            raise ValueError(
+                "NnxOptimizer: state_memory_kind is not taken with shardings= (use modopt.Optimizer, which places "
+                "offloaded state on a mesh)."
+            )
+        self.state_memory_kind = state_memory_kind
         self._groups = plan_groups(tx, params) if group_small_leaves and shardings is None else None
         if shardings is None:
             opt_state = owned_init(tx, packed(self._groups, params))
+            buffers = make_compensation(compensation, params, key, "NnxOptimizer")
         else:
-            opt_state = params_layout(tx, params, shardings, zero_axis).init(tx, params)
+            layout = params_layout(tx, params, shardings, zero_axis)
+            opt_state, buffers = layout.init(tx, params), None
+            if compensation is not None:  # created directly on its shardings, as the state
+                start = lambda params, key: make_compensation(compensation, params, key, "NnxOptimizer")  # noqa: E731
+                placed = layout.compensation(jax.eval_shape(start, params, key))
+                buffers = jax.jit(start, out_shardings=placed)(params, key)
+        if state_memory_kind is not None:
+            opt_state, buffers = to_host((opt_state, buffers))
         self.opt_state = OptimizerState(opt_state)
+        self.compensation = None if buffers is None else OptimizerState(buffers)
 
     @property
     def tx(self) -> modopt.AbstractTransform:
@@ -239,18 +327,31 @@ class NnxOptimizer(nnx.Pytree):
         grads = _checked_gradients(
             tx, params, _wrt_gradients(grads, self._trained), per_example, "NnxOptimizer.update", **_nnx_advice(self.wrt)
         )
+        offloaded = self.state_memory_kind is not None
+        state = nnx.as_pure(self.opt_state)
+        compensation = None if self.compensation is None else nnx.as_pure(self.compensation)
+        if offloaded:
+            state, compensation = to_device((state, compensation))
         updates, new_state = update_in_layout(
             tx,
             self._groups,
             grads,
-            nnx.as_pure(self.opt_state),
+            state,
             params,
             lambda grads, state, params: tx.update(grads, state, params, **extra_args),
         )
         if per_example:
             _check_reduced(tx, updates, params)
-        nnx.update(model, modopt.apply_updates(params, updates))
+        if compensation is None:
+            new_params = modopt.apply_updates(params, updates)
+        else:
+            new_params, compensation = compensation.apply(params, updates)
+        nnx.update(model, new_params)
+        if offloaded:
+            new_state, compensation = to_host((new_state, compensation))
         self._set_state(new_state)
+        if compensation is not None:
+            self.compensation.set_value(compensation)
         self.step.set_value(self.step.get_value() + 1)
         return updates
 
@@ -370,7 +471,9 @@ def state_shardings(state: TrainState, params_shardings: Any, *, zero_axis: str 
 
     The parameters take `params_shardings` (see `param_shardings`), the optimizer state is
     derived from them by each transform's rule (see `modopt.sharding.shardings`), and the
-    step and hyperparameters are replicated. Use it as `out_shardings` of the jitted
+    step and hyperparameters are replicated. Kahan buffers follow their parameters and a
+    stochastic-rounding key is replicated; with `state_memory_kind`, the optimizer state and
+    the compensation are in that memory. Use it as `out_shardings` of the jitted
     `TrainState.create` and train step.
 
     Args:
@@ -380,10 +483,14 @@ def state_shardings(state: TrainState, params_shardings: Any, *, zero_axis: str 
             or `None`.
     """
     layout = params_layout(state.tx, state.params, params_shardings, zero_axis, state.opt_state)
-    replicated = layout.replicated
+    replicated, kind = layout.replicated, state.state_memory_kind
+    compensation = state.compensation
+    if compensation is not None:
+        compensation = compensation.shardings(with_memory_kind(layout.params, kind), with_memory_kind(replicated, kind))
     return state.replace(
         step=replicated,
         params=layout.params,
         tx=jax.tree_util.tree_map(lambda _: replicated, state.tx),
-        opt_state=layout.state,
+        opt_state=with_memory_kind(layout.state, kind),
+        compensation=compensation,
     )

@@ -428,3 +428,41 @@ def test_lookahead_slow_parameters_in_bfloat16_are_the_float32_ones_rounded():
 def test_a_bad_slow_dtype_is_an_error_naming_it():
     with pytest.raises(ValueError, match=r"^Invalid slow_dtype: int32 is not a floating dtype .* in LookaheadParams\.init_synced\.$"):
         modopt.LookaheadParams.init_synced({"w": jnp.zeros(3)}, jnp.int32)
+
+
+# --- 7. per-element statistics over micro-batches -------------------------------------------------
+def test_per_element_statistics_over_micro_batches_are_the_float32_ones_on_a_rounded_store():
+    """`get_per_element_mean_and_sum_sq_diff_grads`' running statistics (an aggregator of
+    per-element gradients, which the registry reaches only through a wrapper) with bfloat16
+    `mu_dtype` and `nu_dtype`: the float32 statistics rounded to bfloat16 between micro-batches,
+    the combined ones (at the third) within a rounding of bfloat16."""
+    from modopt.experimental.aggregating import PerElementMeanAndSumSqDiffGrads
+
+    low = PerElementMeanAndSumSqDiffGrads(0, 3, mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16)
+    plain = PerElementMeanAndSumSqDiffGrads(0, 3)
+    params = {"w": jnp.zeros((3, 5))}
+    batches = [{"w": jax.random.normal(jax.random.key(step), (4, 3, 5))} for step in range(3)]
+
+    def rounded(state):
+        fields = ("mean_grads", "sum_sq_diff_grads")
+        return state._replace(**{f: jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), getattr(state, f)) for f in fields})
+
+    @jax.jit
+    def run():
+        states, out = (low.init(params), plain.init(params)), []
+        for batch in batches:
+            (o_low, s_low), (o_plain, s_plain) = low.update(batch, states[0]), plain.update(batch, states[1])
+            states = (s_low, rounded(s_plain))
+            out.append(((o_low, s_low), (o_plain, states[1])))
+        return out
+
+    for step, (ours, oracle) in enumerate(run()):
+        assert jnp.result_type(ours[1].mean_grads["w"]) == jnp.bfloat16
+        assert_close(ours, oracle, f"per-element statistics, micro-batch {step}: ", BF16_EPS)
+
+
+def test_dtypes_that_cannot_be_passed_on_are_errors_naming_them():
+    with pytest.raises(ValueError, match=r"^Invalid nu_dtype: bfloat16 \(the base_optimizer ScaleByLion takes no nu_dtype"):
+        modopt.contrib.galore(0.1, base_optimizer=modopt.scale_by_lion(), nu_dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"^Invalid mu_dtype: float32 with momentum_in_bfloat16=True"):
+        modopt.trax.Adafactor(do_momentum=True, momentum_in_bfloat16=True, mu_dtype=jnp.float32)

@@ -34,6 +34,8 @@ from ..combinators._chain import Chain
 from ..transforms._stateless import Identity
 from ..tree._state import get
 from .._fields import Scalar
+from .._moments import in_update_dtype, init_state, store, widen
+from jax.typing import DTypeLike
 
 PerElementUpdates = Any
 """Updates with one entry per element of a batch: every leaf has the batch on an axis."""
@@ -230,7 +232,7 @@ class AccumulateAvgUpdatesState(NamedTuple):
 
     micro_step: jax.Array  # int
     ready: jax.Array  # bool
-    avg_grad: Any
+    avg_grad: Any  # like the params (in `accumulator_dtype` if set)
 
 
 class AccumulateAvgUpdates(AbstractTransform):
@@ -242,24 +244,32 @@ class AccumulateAvgUpdates(AbstractTransform):
 
     Args:
         accumulation_steps: the number of micro-batches averaged, an integer >= 2 (static).
+        accumulator_dtype: the dtype of the running average (modopt's, keyword-only); `None`
+            keeps the parameters' dtype. Set, the average is taken in float32 at least and
+            rounded when stored (see `fields.dtype`).
     """
 
     elementwise_updates = True
 
     accumulation_steps: int = static()
+    accumulator_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         _check_steps(self.accumulation_steps, "AccumulateAvgUpdates", least=2)
 
     def init(self, params):
-        return AccumulateAvgUpdatesState(jnp.asarray(0), jnp.asarray(False), zeros_like(params))
+        return AccumulateAvgUpdatesState(jnp.asarray(0), jnp.asarray(False), init_state(params, self.accumulator_dtype))
 
     def update(self, updates, state, params=None, **extra_args):
+        dtype = self.accumulator_dtype
         micro_step = state.micro_step + 1
-        average = jax.tree_util.tree_map(lambda u, a: a + (u - a) / micro_step, updates, state.avg_grad)
-        ready = AccumulateAvgUpdatesState(jnp.asarray(0), jnp.asarray(True), zeros_like(average))
-        waiting = AccumulateAvgUpdatesState(micro_step, jnp.asarray(False), average)
-        return select(micro_step == self.accumulation_steps, (average, ready), (zeros_like(average), waiting))
+        average = jax.tree_util.tree_map(
+            lambda u, a: a + (u - a) / micro_step, widen(updates, dtype), widen(state.avg_grad, dtype)
+        )
+        out, stored = in_update_dtype(average, updates, dtype), store(average, dtype)
+        ready = AccumulateAvgUpdatesState(jnp.asarray(0), jnp.asarray(True), zeros_like(stored))
+        waiting = AccumulateAvgUpdatesState(micro_step, jnp.asarray(False), stored)
+        return select(micro_step == self.accumulation_steps, (out, ready), (zeros_like(out), waiting))
 
 
 def _check_steps(steps: Any, where: str, least: int = 1) -> None:
@@ -267,20 +277,25 @@ def _check_steps(steps: Any, where: str, least: int = 1) -> None:
         raise ValueError(f"Invalid accumulation_steps: {steps!r} (must be an integer >= {least}) in {where}.")
 
 
-def accumulate_avg_updates(accumulation_steps: int) -> AccumulateAvgUpdates | Identity:
+def accumulate_avg_updates(
+    accumulation_steps: int, *, accumulator_dtype: DTypeLike | None = None
+) -> AccumulateAvgUpdates | Identity:
     """Averages the updates of `accumulation_steps` micro-batches (see `AccumulateAvgUpdates`).
 
     With one micro-batch there is nothing to accumulate: it is `modopt.identity()`.
 
     Args:
         accumulation_steps: the number of micro-batches averaged, an integer >= 1.
+        accumulator_dtype: the dtype of the running average (modopt's, keyword-only).
     """
     _check_steps(accumulation_steps, "accumulate_avg_updates")
-    return Identity() if accumulation_steps == 1 else AccumulateAvgUpdates(accumulation_steps)
+    if accumulation_steps == 1:
+        return Identity()
+    return AccumulateAvgUpdates(accumulation_steps, accumulator_dtype=accumulator_dtype)
 
 
 def average_incrementally_updates(
-    per_elt_axis: MaybeAxis, accumulation_steps: int
+    per_elt_axis: MaybeAxis, accumulation_steps: int, *, accumulator_dtype: DTypeLike | None = None
 ) -> Aggregator | AbstractTransform:
     """Averages per-element updates over their axis and over micro-batches.
 
@@ -291,12 +306,13 @@ def average_incrementally_updates(
     Args:
         per_elt_axis: the axis, or axes, of the elements, or `None` for updates already averaged.
         accumulation_steps: the number of micro-batches averaged, an integer >= 1.
+        accumulator_dtype: the dtype of the running average over micro-batches (modopt's,
+            keyword-only).
     """
+    accumulate = accumulate_avg_updates(accumulation_steps, accumulator_dtype=accumulator_dtype)
     if per_elt_axis is None:
-        return accumulate_avg_updates(accumulation_steps)
-    return Aggregator(
-        inner=Chain(AveragePerElementUpdates(per_elt_axis), accumulate_avg_updates(accumulation_steps))
-    )
+        return accumulate
+    return Aggregator(inner=Chain(AveragePerElementUpdates(per_elt_axis), accumulate))
 
 
 def get_batch_size_from_per_elt_updates(
@@ -324,8 +340,8 @@ class PerElementMeanAndSumSqDiffGradsState(NamedTuple):
 
     micro_step: jax.Array  # int32
     ready: jax.Array  # bool
-    mean_grads: Any
-    sum_sq_diff_grads: Any
+    mean_grads: Any  # like the params (in `mu_dtype` if set)
+    sum_sq_diff_grads: Any  # like the params (in `nu_dtype` if set)
 
 
 class PerElementMeanAndSumSqDiffGrads(AbstractTransform):
@@ -339,6 +355,10 @@ class PerElementMeanAndSumSqDiffGrads(AbstractTransform):
     Args:
         per_elt_axis: the axis, or axes, of the elements (static).
         accumulation_steps: the number of micro-batches combined, an integer >= 1 (static).
+        mu_dtype: the dtype of the running mean over micro-batches (modopt's, keyword-only);
+            `None` keeps the parameters' dtype. Set, the statistics are combined in float32 at
+            least and rounded when stored (see `fields.dtype`).
+        nu_dtype: the dtype of the running sum of squared deviations (keyword-only).
 
     Reference: Chan, Golub & LeVeque, 1979, "Updating formulae and a pairwise algorithm for
     computing sample variances", https://doi.org/10.1007/978-3-642-51461-6_3
@@ -350,6 +370,8 @@ class PerElementMeanAndSumSqDiffGrads(AbstractTransform):
         default=0, converter=lambda a: tuple(a) if isinstance(a, list) else a
     )
     accumulation_steps: int = static(default=1)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def __check_init__(self):
         _check_steps(self.accumulation_steps, "get_per_element_mean_and_sum_sq_diff_grads")
@@ -358,7 +380,10 @@ class PerElementMeanAndSumSqDiffGrads(AbstractTransform):
         if self.accumulation_steps == 1:
             return EmptyState()
         return PerElementMeanAndSumSqDiffGradsState(
-            jnp.asarray(0, jnp.int32), jnp.asarray(False), zeros_like(params), zeros_like(params)
+            jnp.asarray(0, jnp.int32),
+            jnp.asarray(False),
+            init_state(params, self.mu_dtype),
+            init_state(params, self.nu_dtype),
         )
 
     def _batch_statistics(self, updates: Any) -> tuple[Any, Any, int]:
@@ -372,23 +397,31 @@ class PerElementMeanAndSumSqDiffGrads(AbstractTransform):
         means, sums, size = self._batch_statistics(updates)
         if self.accumulation_steps == 1:
             return (means, {"sum_sq_diff_grads": sums, "sample_size": size}), state
+        mu_dtype, nu_dtype = self.mu_dtype, self.nu_dtype
         micro_step = state.micro_step + 1
-        delta = jax.tree_util.tree_map(jnp.subtract, means, state.mean_grads)
-        new_means = jax.tree_util.tree_map(lambda a, d: a + d / micro_step, state.mean_grads, delta)
+        old_means = widen(state.mean_grads, mu_dtype)
+        delta = jax.tree_util.tree_map(jnp.subtract, widen(means, mu_dtype), old_means)
+        new_means = jax.tree_util.tree_map(lambda a, d: a + d / micro_step, old_means, delta)
         weight = state.micro_step * size / micro_step
         new_sums = jax.tree_util.tree_map(
-            lambda a, s, d: a + s + d**2 * weight, state.sum_sq_diff_grads, sums, delta
+            lambda a, s, d: a + s + d**2 * weight, widen(state.sum_sq_diff_grads, nu_dtype), widen(sums, nu_dtype), widen(delta, nu_dtype)
         )
-        outputs = (new_means, {"sum_sq_diff_grads": new_sums, "sample_size": size * micro_step})
+        mean_out, sums_out = in_update_dtype(new_means, means, mu_dtype, nu_dtype), in_update_dtype(new_sums, sums, mu_dtype, nu_dtype)
+        outputs = (mean_out, {"sum_sq_diff_grads": sums_out, "sample_size": size * micro_step})
+        stored_means, stored_sums = store(new_means, mu_dtype), store(new_sums, nu_dtype)
         ready = PerElementMeanAndSumSqDiffGradsState(
-            jnp.asarray(0, jnp.int32), jnp.asarray(True), zeros_like(new_means), zeros_like(new_sums)
+            jnp.asarray(0, jnp.int32), jnp.asarray(True), zeros_like(stored_means), zeros_like(stored_sums)
         )
-        waiting = PerElementMeanAndSumSqDiffGradsState(micro_step, jnp.asarray(False), new_means, new_sums)
+        waiting = PerElementMeanAndSumSqDiffGradsState(micro_step, jnp.asarray(False), stored_means, stored_sums)
         return select(micro_step == self.accumulation_steps, (outputs, ready), (zeros_like(outputs), waiting))
 
 
 def get_per_element_mean_and_sum_sq_diff_grads(
-    per_elt_axis: int | Sequence[int] = 0, accumulation_steps: int = 1
+    per_elt_axis: int | Sequence[int] = 0,
+    accumulation_steps: int = 1,
+    *,
+    mu_dtype: DTypeLike | None = None,
+    nu_dtype: DTypeLike | None = None,
 ) -> Aggregator:
     """An aggregator returning the mean of per-element updates and, as auxiliary extra
     arguments, the sum of their squared deviations and the sample size (see
@@ -397,8 +430,11 @@ def get_per_element_mean_and_sum_sq_diff_grads(
     Args:
         per_elt_axis: the axis, or axes, of the elements.
         accumulation_steps: the number of micro-batches combined, an integer >= 1.
+        mu_dtype: the dtype of the running mean over micro-batches (modopt's, keyword-only).
+        nu_dtype: the dtype of the running sum of squared deviations (keyword-only).
     """
-    return Aggregator(inner=PerElementMeanAndSumSqDiffGrads(per_elt_axis, accumulation_steps))
+    statistics = PerElementMeanAndSumSqDiffGrads(per_elt_axis, accumulation_steps, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
+    return Aggregator(inner=statistics)
 
 
 class PerElementMeanAndVarianceEMAState(NamedTuple):
@@ -406,8 +442,8 @@ class PerElementMeanAndVarianceEMAState(NamedTuple):
 
     count: jax.Array  # int32
     ema_decay: jax.Array  # float
-    mean_grads_ema: Any
-    variance_grads_ema: Any
+    mean_grads_ema: Any  # like the params (in `mu_dtype` if set)
+    variance_grads_ema: Any  # like the params (in `nu_dtype` if set)
 
 
 class TrackPerElementMeanAndVarianceWithEma(AbstractTransform):
@@ -420,6 +456,10 @@ class TrackPerElementMeanAndVarianceWithEma(AbstractTransform):
 
     Args:
         ema_decay: the decay `d` of the moving averages, in [0, 1].
+        mu_dtype: the dtype of the average of the mean (modopt's, keyword-only); `None` keeps
+            the parameters' dtype. Set, the averages are computed in float32 at least and
+            rounded when stored (see `fields.dtype`).
+        nu_dtype: the dtype of the average of the variance (keyword-only).
     """
 
     # Not required of `Optimizer.step`: inside `process` the aggregator passes them.
@@ -434,10 +474,15 @@ class TrackPerElementMeanAndVarianceWithEma(AbstractTransform):
     )
 
     ema_decay: Scalar = fields.decay_rate(0.9, check=UNIT)
+    mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def init(self, params):
         return PerElementMeanAndVarianceEMAState(
-            jnp.zeros([], jnp.int32), jnp.asarray(self.ema_decay), zeros_like(params), zeros_like(params)
+            jnp.zeros([], jnp.int32),
+            jnp.asarray(self.ema_decay),
+            init_state(params, self.mu_dtype),
+            init_state(params, self.nu_dtype),
         )
 
     def update(self, updates, state, params=None, **extra_args):
@@ -448,29 +493,37 @@ class TrackPerElementMeanAndVarianceWithEma(AbstractTransform):
         def average(x, y):  # kept in the average's dtype
             return ((1 - decay) * x + decay * y).astype(y.dtype)
 
-        mean = jax.tree_util.tree_map(average, updates, state.mean_grads_ema)
+        mu_dtype, nu_dtype = self.mu_dtype, self.nu_dtype
+        # With state dtypes, the averages and what they average are read in float32 (`widen`).
+        mean = jax.tree_util.tree_map(average, widen(updates, mu_dtype), widen(state.mean_grads_ema, mu_dtype))
         # The factor in each leaf's dtype, as a Python number would be (optax's, with one
         # micro-batch; over several, optax's traced factor turns bfloat16 averages to float32,
         # which its `process` then rejects).
         variance = jax.tree_util.tree_map(
-            lambda s, y: average(jnp.asarray(1 / (size - 1), s.dtype) * s, y), sums, state.variance_grads_ema
+            lambda s, y: average(jnp.asarray(1 / (size - 1), s.dtype) * s, y),
+            widen(sums, nu_dtype),
+            widen(state.variance_grads_ema, nu_dtype),
         )
         new_state = state._replace(
-            count=safe_int32_increment(state.count), mean_grads_ema=mean, variance_grads_ema=variance
+            count=safe_int32_increment(state.count),
+            mean_grads_ema=store(mean, mu_dtype),
+            variance_grads_ema=store(variance, nu_dtype),
         )
         return updates, new_state
 
 
 def track_per_element_mean_and_variance_with_ema(
-    ema_decay: Scalar = 0.9,
+    ema_decay: Scalar = 0.9, *, mu_dtype: DTypeLike | None = None, nu_dtype: DTypeLike | None = None
 ) -> TrackPerElementMeanAndVarianceWithEma:
     """Tracks moving averages of the gradients' mean and variance (see
     `TrackPerElementMeanAndVarianceWithEma`); `add_mean_variance_to_opt` puts it in place.
 
     Args:
         ema_decay: the decay of the moving averages, in [0, 1].
+        mu_dtype: the dtype of the average of the mean (modopt's, keyword-only).
+        nu_dtype: the dtype of the average of the variance (keyword-only).
     """
-    return TrackPerElementMeanAndVarianceWithEma(ema_decay)
+    return TrackPerElementMeanAndVarianceWithEma(ema_decay, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
 
 
 def get_unbiased_mean_and_variance_ema(state: Any) -> tuple[Any, Any]:
@@ -497,7 +550,13 @@ def get_unbiased_mean_and_variance_ema(state: Any) -> tuple[Any, Any]:
 
 
 def add_mean_variance_to_opt(
-    opt: Any, ema_decay: Scalar = 0.9, per_elt_axis: int | Sequence[int] = 0, accumulation_steps: int = 1
+    opt: Any,
+    ema_decay: Scalar = 0.9,
+    per_elt_axis: int | Sequence[int] = 0,
+    accumulation_steps: int = 1,
+    *,
+    mu_dtype: DTypeLike | None = None,
+    nu_dtype: DTypeLike | None = None,
 ) -> Aggregator:
     """`opt` on the mean of per-element gradients, tracking their mean and variance.
 
@@ -511,15 +570,20 @@ def add_mean_variance_to_opt(
         ema_decay: the decay of the moving averages of the mean and variance, in [0, 1].
         per_elt_axis: the axis, or axes, of the elements.
         accumulation_steps: the number of micro-batches combined per step, an integer >= 1.
+        mu_dtype: the dtype of the tracked means and of the running mean over micro-batches
+            (modopt's, keyword-only); `opt` keeps its own state dtypes.
+        nu_dtype: the dtype of the tracked variances and of the running sum of squared
+            deviations (keyword-only).
 
     Example:
         >>> opt = aggregating.add_mean_variance_to_opt(modopt.sgd(0.1), ema_decay=0.9)
     """
+    dtypes = {"mu_dtype": mu_dtype, "nu_dtype": nu_dtype}
     return process(
         Identity(),
-        get_per_element_mean_and_sum_sq_diff_grads(per_elt_axis, accumulation_steps),
+        get_per_element_mean_and_sum_sq_diff_grads(per_elt_axis, accumulation_steps, **dtypes),
         Chain(
-            track_per_element_mean_and_variance_with_ema(ema_decay),
+            track_per_element_mean_and_variance_with_ema(ema_decay, **dtypes),
             as_transform(opt, "add_mean_variance_to_opt"),
         ),
         aggregator_has_aux=True,

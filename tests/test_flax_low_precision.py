@@ -35,7 +35,10 @@ def make_params():
 
 def gradients(step, params):
     keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), len(params))
-    return {k: (1e-3 * jax.random.normal(key, params[k].shape)).astype(params[k].dtype) for key, k in zip(keys, sorted(params))}
+    return {
+        k: (1e-3 * jax.random.normal(key, params[k].shape)).astype(params[k].dtype)
+        for key, k in zip(keys, sorted(params))
+    }
 
 
 def tx():
@@ -137,9 +140,13 @@ def test_bad_options_are_errors_naming_them():
     params = make_params()
     with pytest.raises(ValueError, match=r"^TrainState: Invalid compensation: 'kahn'"):
         TrainState.create(apply_fn=None, params=params, tx=tx(), compensation="kahn")
-    with pytest.raises(ValueError, match=r"^NnxOptimizer: compensation='stochastic_rounding' needs a PRNG key"):
+    with pytest.raises(
+        ValueError, match=r"^NnxOptimizer: compensation='stochastic_rounding' needs a PRNG key"
+    ):
         NnxOptimizer(Model(params), tx(), compensation="stochastic_rounding")
-    with pytest.raises(ValueError, match=r"^TrainState: `key` is the PRNG key of compensation='stochastic_rounding'"):
+    with pytest.raises(
+        ValueError, match=r"^TrainState: `key` is the PRNG key of compensation='stochastic_rounding'"
+    ):
         TrainState.create(apply_fn=None, params=params, tx=tx(), key=jax.random.key(0))
     with pytest.raises(ValueError, match=r"^NnxOptimizer: Invalid state_memory_kind: 'host'"):
         NnxOptimizer(Model(params), tx(), state_memory_kind="host")
@@ -153,13 +160,25 @@ def test_a_subclass_adds_fields_without_defaults_and_state_shardings_place_the_c
     class WithStats(TrainState):
         batch_stats: dict
 
-    state = WithStats.create(apply_fn=None, params=make_params(), tx=tx(), batch_stats={}, compensation="kahan", state_memory_kind=HOST)
+    state = WithStats.create(
+        apply_fn=None,
+        params=make_params(),
+        tx=tx(),
+        batch_stats={},
+        compensation="kahan",
+        state_memory_kind=HOST,
+    )
     assert [f.name for f in dataclasses.fields(state)][-1] == "batch_stats"
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     shardings = state_shardings(state, {"w": replicated, "b": replicated})
-    assert kinds_of_shardings(shardings.compensation) == {HOST} and kinds_of_shardings(shardings.opt_state) == {HOST}
-    assert shardings.compensation.buffers["b"] is None and shardings.compensation.buffers["w"].spec == replicated.spec
+    assert kinds_of_shardings(shardings.compensation) == {HOST} and kinds_of_shardings(
+        shardings.opt_state
+    ) == {HOST}
+    assert (
+        shardings.compensation.buffers["b"] is None
+        and shardings.compensation.buffers["w"].spec == replicated.spec
+    )
 
 
 def kinds_of_shardings(tree):

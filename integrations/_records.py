@@ -43,7 +43,16 @@ import numpy as np
 
 from modopt._base import AbstractTransform
 from modopt._hyperparameters import _hyperparameter_index, _state_index
+from modopt._module import Constant
 from modopt._optimizer import Optimizer
+
+
+def is_constant(x: Any) -> bool:
+    """A hyperparameter compiled in as a constant (`modopt.fields.hyperparameter`'s identity): a
+    pytree node without leaves, which a checkpoint holds as a leaf, a Python number in the record.
+    So a checkpoint pairs it by path with the array the same hyperparameter is at another value,
+    and restores either into the other."""
+    return type(x) is Constant
 
 
 class CheckpointError(ValueError):
@@ -85,10 +94,13 @@ class Leaf:
 
 def leaves_of(item: Any) -> list[Leaf]:
     """The records of `item`'s leaves, with the arrays to write."""
-    return [_leaf(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(item)[0]]
+    flat = jax.tree_util.tree_flatten_with_path(item, is_leaf=is_constant)[0]
+    return [_leaf(jax.tree_util.keystr(path), leaf) for path, leaf in flat]
 
 
 def _leaf(path: str, x: Any) -> Leaf:
+    if is_constant(x):
+        return Leaf(path, "value", value=x.value)
     if isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) or _is_numeric_numpy(x):
         shape = tuple(np.shape(x))
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -122,7 +134,7 @@ def unsavable(item: Any) -> tuple[str, Any] | None:
     """`(path, leaf)` of the first leaf of `item` that a checkpoint cannot hold and that is not
     in a field of an object (where it is code, taken from the restore target); else `None`."""
     plain = (jax.tree_util.DictKey, jax.tree_util.SequenceKey)
-    for path, x in jax.tree_util.tree_flatten_with_path(item)[0]:
+    for path, x in jax.tree_util.tree_flatten_with_path(item, is_leaf=is_constant)[0]:
         if _leaf("", x).kind == "static" and all(isinstance(key, plain) for key in path):
             return jax.tree_util.keystr(path), x
     return None
@@ -300,8 +312,8 @@ def hyperparameter_leaves(item: Any) -> dict[int, str]:
     """
     found: dict[int, str] = {}
     offset = 0
-    for path, node in jax.tree_util.tree_flatten_with_path(item, is_leaf=_holds_hyperparameters)[0]:
-        leaves, treedef = jax.tree_util.tree_flatten(node)
+    for path, node in jax.tree_util.tree_flatten_with_path(item, is_leaf=_holds_or_constant)[0]:
+        leaves, treedef = jax.tree_util.tree_flatten(node, is_leaf=is_constant)
         if _holds_hyperparameters(node):
             marked = treedef.unflatten([_Mark(offset + i) for i in range(len(leaves))])
             prefix = jax.tree_util.keystr(path)
@@ -309,6 +321,10 @@ def hyperparameter_leaves(item: Any) -> dict[int, str]:
                 found[index] = prefix + (f".{name}" if name and not name.startswith("[") else name)
         offset += len(leaves)
     return found
+
+
+def _holds_or_constant(x: Any) -> bool:
+    return is_constant(x) or _holds_hyperparameters(x)
 
 
 def _nnx_hyperparameter() -> Any:

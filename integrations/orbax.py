@@ -59,6 +59,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._lock import WriterLock, _abandoned, _read
+from modopt._module import Constant
+
 from ._records import (
     CheckpointError,
     Leaf,
@@ -66,6 +68,7 @@ from ._records import (
     described,
     from_record,
     hyperparameter_leaves,
+    is_constant,
     leaves_of,
     mismatch,
     unsavable,
@@ -356,7 +359,7 @@ class CheckpointManager:
                 f"The checkpoint holds: {saved_item.get('type')}{_described(saved_item.get('summary'))}. "
                 "Nothing was restored."
             )
-        return list(zip(saved, jax.tree_util.tree_leaves(like)))
+        return list(zip(saved, jax.tree_util.tree_leaves(like, is_leaf=is_constant)))
 
     def _read_arrays(self, step: int, abstract: dict) -> dict:
         ocp = _orbax()
@@ -532,7 +535,7 @@ def _rebuild(plan: list, arrays: dict, like: Any, kept: dict[int, str]) -> Any:
             leaves.append(_number_like(saved.value, x))
         else:
             leaves.append(x)
-    return jax.tree_util.tree_structure(like).unflatten(leaves)
+    return jax.tree_util.tree_structure(like, is_leaf=is_constant).unflatten(leaves)
 
 
 def _copy(x: Any) -> Any:
@@ -544,6 +547,9 @@ def _copy(x: Any) -> Any:
 
 def _array_like(value: Any, x: Any) -> Any:
     """A saved array (a `jax.Array`, or a NumPy array read on the host) as the target leaf `x` holds it."""
+    if is_constant(x):  # a hyperparameter the checkpoint holds at another value than the target's identity
+        value = _owned(jnp.asarray(value))
+        return _weak(value) if value.ndim == 0 else value
     if isinstance(x, np.ndarray):
         return np.asarray(value)
     if isinstance(x, np.generic):
@@ -582,6 +588,8 @@ def _weak(value: jax.Array) -> jax.Array:
 def _number_like(number: Any, x: Any) -> Any:
     """A saved Python value (a number or a string) as the target leaf `x` (a value of its kind,
     or a scalar array) holds it."""
+    if is_constant(x):  # a hyperparameter the target holds as a constant: the saved number, as `set` takes it
+        return x if Constant(number) == x else jnp.asarray(number)
     if isinstance(x, (bool, int, float, str)):
         return type(x)(number)
     if isinstance(x, np.generic):
@@ -627,6 +635,7 @@ def _is_key(x: Any) -> bool:
 
 
 def _equal(a: Any, b: Any) -> bool:
+    a, b = (x.value if is_constant(x) else x for x in (a, b))
     if _is_key(a) or _is_key(b):
         return _is_key(a) and _is_key(b) and bool(np.array_equal(jax.random.key_data(a), jax.random.key_data(b)))
     if not (isinstance(a, (jax.Array, np.ndarray, np.generic, bool, int, float)) and isinstance(b, (jax.Array, np.ndarray, np.generic, bool, int, float))):

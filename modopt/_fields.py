@@ -6,7 +6,9 @@ kinds of field exist:
 - `hyperparameter(...)`: a number the math uses (learning rate, betas, eps...). It is stored
   as a JAX array leaf, so changing it inside `jax.jit` never retraces. Python scalars become
   *weakly typed* arrays, so `bf16_array * lr` stays bf16, exactly as with a Python float.
-  An optional `check` validates the value at construction.
+  An optional `check` validates the value at construction. A field may declare an
+  `identity`, the value at which it does nothing (a weight decay of 0): given as a Python
+  number, that value is compiled into the step as a constant (a `Constant`, see there).
 - `static(...)`: structure (flags, dtypes, sizes that shape the computation, code). It is part
   of the treedef: changing it retraces, by design.
 """
@@ -23,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import prefix_difference
-from ._module import Module
+from ._module import Constant, Module, constant_at
 from jax.typing import DTypeLike
 
 # Built like `ScalarOrSchedule` (modopt.schedules), of which it is the part without schedules.
@@ -36,6 +38,7 @@ _OPTIONAL = "modopt_optional"  # metadata key: `None` (switching the feature off
 _KIND = "modopt_kind"  # metadata key: what a hyperparameter accepts (see `_KINDS`)
 _NDIM = "modopt_ndim"  # metadata key: the number of dimensions of its value (0: a scalar)
 _DTYPE = "modopt_dtype"  # metadata key: a dtype field; the value says what it sets ("state", "hyperparameters")
+_IDENTITY = "modopt_identity"  # metadata key: the value at which the field does nothing (a `Constant`)
 _KINDS = {
     "number": "a number",
     "number_or_schedule": "a number or a schedule (a callable of the step count)",
@@ -196,7 +199,7 @@ def as_hyperparameter(value: Any) -> Any:
     Anything that is not a number (`None`, schedules, strings) passes through unchanged:
     `validate_hyperparameters` reports it with the field's name.
     """
-    if value is None or callable(value) or isinstance(value, (jax.Array, eqx.Module)):
+    if value is None or callable(value) or isinstance(value, (jax.Array, eqx.Module, Constant)):
         return value
     if isinstance(value, (bool, np.bool_)):
         return value
@@ -220,6 +223,7 @@ def hyperparameter(
     kind: str = "number",
     optional: bool = False,
     ndim: int = 0,
+    identity: int | float | None = None,
     **kwargs: Any,
 ):
     """A numeric hyperparameter field: an array leaf, validated at construction by `check`.
@@ -230,12 +234,20 @@ def hyperparameter(
     A number is a scalar unless `ndim` says otherwise (a schedule's boundaries are a vector).
     A schedule in a field with a `check` must pass it at its `probe_counts()`.
 
+    With an `identity` (the value at which the hyperparameter does nothing: a weight decay of
+    0), that value given as a Python or NumPy number is held as a `Constant`, part of the
+    structure rather than a leaf, so a jitted step compiles it in (and skips the work it makes
+    void); moving the value to or from the identity then compiles the step again. Declare an
+    identity only where the default is commonly the identity and rarely changed in training.
+
     Args:
         default: the field's default value; leave it out for a required field.
         check: a `Check` the value must pass at construction, or `None` for none.
         kind: `"number"`, `"number_or_schedule"` or `"schedule"`: what the field accepts.
         optional: accept `None` (the feature switched off) even where it is not the default.
         ndim: the number of dimensions of a number: 0 (a scalar, the default) or 1 (a vector).
+        identity: the value at which the hyperparameter does nothing, held as a `Constant` when
+            given as a Python or NumPy number; `None` (the default) for none.
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
     if kind not in _KINDS:
@@ -246,7 +258,27 @@ def hyperparameter(
     metadata[_OPTIONAL] = optional or default is None
     metadata[_NDIM] = ndim
     converter = kwargs.pop("converter", as_hyperparameter)
+    if identity is not None:
+        metadata[_IDENTITY] = identity
+        converter = _identity_converter(converter, identity)
     return eqx.field(default=default, converter=converter, metadata=metadata, **kwargs)
+
+
+def _identity_converter(converter: Callable[[Any], Any], identity: int | float) -> Callable[[Any], Any]:
+    """`converter`, except that `identity` given as a number becomes a `Constant`."""
+
+    def convert(value: Any) -> Any:
+        constant = constant_at(value, identity)
+        return converter(value) if constant is None else constant
+
+    # Equinox gives the field's `__init__` parameter the converter's annotation.
+    convert.__annotations__ = dict(getattr(converter, "__annotations__", {}))
+    return convert
+
+
+def field_identity(field: dataclasses.Field) -> int | float | None:
+    """The identity a hyperparameter field declares (see `hyperparameter`), else `None`."""
+    return field.metadata.get(_IDENTITY)
 
 
 def rate(default: Any = dataclasses.MISSING, *, check: Check | None = None, **kwargs: Any):
@@ -318,6 +350,8 @@ def prng_key(default: Any = dataclasses.MISSING, **kwargs: Any):
 
 def is_concrete(value: Any) -> bool:
     """True when `value` can be inspected in Python (not a tracer inside `jit`)."""
+    if isinstance(value, Constant):
+        return True
     if isinstance(value, Rate):
         return is_concrete(value.value)
     if isinstance(value, jax.core.Tracer):
@@ -326,7 +360,7 @@ def is_concrete(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    if isinstance(value, Rate):
+    if isinstance(value, (Rate, Constant)):
         return True
     if isinstance(value, (bool, np.bool_)):
         return False

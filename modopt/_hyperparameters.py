@@ -13,8 +13,9 @@ import numpy as np
 
 from ._base import AbstractTransform
 from ._checks import warn_user
-from ._fields import Rate, as_hyperparameter, as_rate, complex_violation, hyperparameter_names, validate_hyperparameters
-from ._trees import is_none
+from ._fields import Rate, as_hyperparameter, as_rate, complex_violation, field_identity, hyperparameter_names
+from ._fields import validate_hyperparameters
+from ._module import Constant, constant_at
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule
 from .schedules._schedules import ConstantSchedule
 
@@ -181,15 +182,24 @@ def _unknown(name: str, names: list[str]) -> str:
 
 
 def _readable(value: Any) -> Any:
-    """A rate is read as its value (its exact complement is bookkeeping)."""
+    """A rate is read as its value (its exact complement is bookkeeping), a `Constant` as its array."""
+    if isinstance(value, Constant):
+        return value.array()
     return value.value if isinstance(value, Rate) else value
+
+
+def _is_none_or_constant(x: Any) -> bool:
+    """The nodes without leaves that `set` replaces (`eqx.tree_at` finds them as leaves)."""
+    return x is None or type(x) is Constant
 
 
 def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransform:
     """A copy of `tx` with hyperparameters replaced by name, validated.
 
     Numbers keep the array type of the value they replace, so a jitted step taking the
-    transform as an argument does not retrace. A hyperparameter is named by its field name
+    transform as an argument does not retrace, unless the value moves to or from the identity
+    its field declares (a weight decay to or from 0, given as a number: that value is compiled
+    into the step, see `modopt.fields.hyperparameter`). A hyperparameter is named by its field name
     where that is unique in `tx` (`learning_rate`) and by its path otherwise
     (`transforms[0].b1`); its full path is always accepted, so a name written as a path
     keeps working when a chain grows another transform with the same field.
@@ -207,19 +217,22 @@ def set_hyperparameters(tx: AbstractTransform, **values: Any) -> AbstractTransfo
 def _set_hyperparameters(tx: AbstractTransform, values: dict[str, Any], schedules_for_numbers: bool) -> AbstractTransform:
     """`set_hyperparameters(tx, **values)`; a schedule may replace a number if `schedules_for_numbers`
     (the caller makes the state it then needs)."""
-    index = _hyperparameter_index(tx, all_paths=True)
+    index = _hyperparameter_index(tx, all_paths=True, with_fields=True)
     for name, value in values.items():
         if name not in index:
             raise KeyError(_unknown(name, sorted(_hyperparameter_index(tx))))
-        get, owners = index[name]
-        tx = eqx.tree_at(get, tx, _like(value, get(tx), name, schedules_for_numbers), is_leaf=is_none)
+        get, owners, field = index[name]
+        identity = None if field is None else field_identity(field)
+        new = _like(value, get(tx), name, schedules_for_numbers, identity)
+        tx = eqx.tree_at(get, tx, new, is_leaf=_is_none_or_constant)
         for owner in reversed(owners):  # the field's module, then each module holding it (a schedule's
             validate_hyperparameters(owner(tx))  # new value must also suit its optimizer's learning rate)
     return tx
 
 
-def _like(value: Any, old: Any, name: str, schedules_for_numbers: bool = False) -> Any:
-    """`value` converted the way the field it replaces was (weak arrays, rates, schedules).
+def _like(value: Any, old: Any, name: str, schedules_for_numbers: bool = False, identity: Any = None) -> Any:
+    """`value` converted the way the field it replaces was (weak arrays, rates, schedules), a
+    `Constant` where it is the field's `identity` given as a number (see `Constant`).
 
     A number replacing a schedule becomes a constant schedule, so the state (which counts
     steps for the schedule) keeps its structure. A schedule replacing a number needs a step
@@ -236,6 +249,12 @@ def _like(value: Any, old: Any, name: str, schedules_for_numbers: bool = False) 
     complex_problem = complex_violation(value)
     if complex_problem and not (isinstance(old, jax.Array) and jnp.iscomplexobj(old)):
         raise ValueError(f"Invalid {name}: {complex_problem}.")
+    if isinstance(old, Constant):
+        old = old.array()  # what it stands for, whose type a new array takes
+    constant = None if identity is None or is_schedule(old) else constant_at(value, identity)
+    if constant is not None:  # of the kind of number the old value was, as an array keeps its type
+        inexact = isinstance(old, jax.Array) and jnp.issubdtype(old.dtype, jnp.inexact)
+        return Constant(float(constant.value)) if inexact else constant
     if isinstance(old, Rate):
         new = as_rate(value)  # its complement computed from the number as given
         if not isinstance(new, Rate):
@@ -275,13 +294,15 @@ def _same_type(value: jax.Array, old: jax.Array) -> jax.Array:
 Getter = Callable[[Any], Any]
 
 
-def _hyperparameter_index(tx: Any, all_paths: bool = False) -> dict[str, tuple[Getter, tuple[Getter, ...]]]:
+def _hyperparameter_index(tx: Any, all_paths: bool = False, with_fields: bool = False) -> dict[str, tuple]:
     """Maps each hyperparameter's name to (getter of its value, getters of the modules holding
-    it, from the root to its own module).
+    it, from the root to its own module), and with `with_fields` its dataclass field (`None`
+    for an entry of a dict of hyperparameters).
 
     Short field names are used where unique; clashing names are qualified by their path.
     """
-    found: list[tuple[str, str, Getter, tuple[Getter, ...]]] = []
+    found: list[tuple] = []
+    fields_of: dict[str, dataclasses.Field] = {}
 
     def visit(node: Any, path: str, get: Getter, owners: tuple[Getter, ...]) -> None:
         if isinstance(node, (AbstractTransform, AbstractSchedule)):
@@ -297,6 +318,7 @@ def _hyperparameter_index(tx: Any, all_paths: bool = False) -> dict[str, tuple[G
                         visit(entry, f"{path}.{name}[{key!r}]", entry_getter, owners)
                     continue
                 found.append((name, f"{path}.{name}".lstrip("."), getter, owners))
+                fields_of[f"{path}.{name}".lstrip(".")] = _field(node, name)
                 visit(value, f"{path}.{name}", getter, owners)  # a schedule's own numbers
             for f in dataclasses.fields(node):
                 if f.name not in names and not f.metadata.get("static", False):
@@ -310,7 +332,13 @@ def _hyperparameter_index(tx: Any, all_paths: bool = False) -> dict[str, tuple[G
                 visit(child, f"{path}[{key!r}]", lambda t, get=get, key=key: get(t)[key], owners)
 
     visit(tx, "", lambda t: t, ())
+    if with_fields:
+        found = [(name, path, get, owners, fields_of.get(path)) for name, path, get, owners in found]
     return _named(found, all_paths)
+
+
+def _field(module: Any, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(module) if f.name == name)
 
 
 def _named(found: list[tuple], all_paths: bool) -> dict[str, Any]:

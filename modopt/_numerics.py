@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 from ._trees import abs_sq as abs_sq
@@ -116,3 +117,20 @@ def safe_int32_increment(count: jax.Array) -> jax.Array:
             "Use `safe_increment` for counters of other dtypes."
         )
     return safe_increment(count)
+
+
+def is_concrete_zero(value: object) -> bool:
+    """Whether `value` is known to be 0 where the step is traced: a number, or a concrete scalar
+    array (a hyperparameter compiled in as a `Constant`), equal to 0.
+
+    A term it multiplies (`weight_decay * params`) can then be left out, as optax leaves out a
+    weight decay given as `0.0`: the step does no work for it, and a NaN or infinite parameter
+    does not turn the update into NaN through `0 * p`.
+    """
+    if isinstance(value, (bool, np.bool_)) or isinstance(value, jax.core.Tracer):
+        return False
+    if isinstance(value, (int, float)):
+        return value == 0
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)) and np.ndim(value) == 0:
+        return np.issubdtype(value.dtype, np.number) and bool(np.asarray(value) == 0)
+    return False

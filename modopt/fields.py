@@ -79,21 +79,28 @@ def momentum(default: Any = MISSING, **kwargs: Any):
 def eps(default: Any = MISSING, **kwargs: Any):
     """A small constant >= 0 for numerical stability.
 
+    Its identity is 0: `eps=0.0` (or `0`) given as a number is compiled into the step as a
+    constant (see `modopt.fields.hyperparameter`), so XLA drops the addition.
+
     Args:
         default: the field's default; leave it out for a required field.
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
-    return hyperparameter(default, check=NONNEGATIVE, **kwargs)
+    return hyperparameter(default, check=NONNEGATIVE, identity=0.0, **kwargs)
 
 
 def weight_decay(default: Any = MISSING, **kwargs: Any):
     """A weight-decay strength, or a schedule. Any sign: some optimizers decay by a negative rate.
 
+    Its identity is 0: `weight_decay=0.0` (or `0`) given as a number is compiled into the step
+    as a constant (see `modopt.fields.hyperparameter`), and the step skips the decay, as optax's
+    does for a decay of 0.
+
     Args:
         default: the field's default; leave it out for a required field.
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
-    return scalar_or_schedule(default, **kwargs)
+    return scalar_or_schedule(default, identity=0.0, **kwargs)
 
 
 def mask(default: Any = None, **kwargs: Any):

@@ -240,12 +240,27 @@ def copied(tree):
     return jax.tree.map(lambda x: x.copy() if eqx.is_array(x) else x, tree)
 
 
+def crosses_identity(tx, name, value) -> bool:
+    """Whether `set(name=value)` moves the hyperparameter to or from the identity its field
+    declares (`modopt.fields.hyperparameter`): the one change that compiles the step again."""
+    from modopt._fields import field_identity
+    from modopt._hyperparameters import _hyperparameter_index
+
+    _, _, field = _hyperparameter_index(tx, all_paths=True, with_fields=True)[name]
+    identity = None if field is None else field_identity(field)
+    if identity is None:
+        return False
+    old = modopt.hyperparameters(tx)[name]
+    return (float(np.asarray(old)) == identity) != (value == identity)
+
+
 @pytest.mark.parametrize("group", range(GROUPS), ids=[f"group{i}" for i in range(GROUPS)])
 def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
     """Per entry, one trace of the donated training step serves an optimizer rebuilt with
-    the same configuration, one with a hyperparameter changed by `set`, and one restored from
-    Orbax. One checkpoint holds the optimizers of a group of entries after 2 steps; restored
-    into fresh optimizers, 2 more steps equal 4 uninterrupted steps bit for bit."""
+    the same configuration, one with a hyperparameter changed by `set` (a second trace where
+    the change moves it to or from its field's identity, compiled in as a constant), and one
+    restored from Orbax. One checkpoint holds the optimizers of a group of entries after 2
+    steps; restored into fresh optimizers, 2 more steps equal 4 uninterrupted steps bit for bit."""
     if os.environ.get("MODOPT_ORBAX_GROUP_PROCESS") != "1":
         # Each group runs in a fresh process: in a long-lived test worker an XLA compilation of
         # this test crashed (a segmentation fault) three times, never in a process of its own.
@@ -259,7 +274,7 @@ def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
     entries = GROUPED[group]
     from modopt.integrations.orbax import CheckpointManager
 
-    straight, halfway, params_at = {}, {}, {}
+    straight, halfway, params_at, traces_after_change = {}, {}, {}, {}
     for entry in entries:
         params = make_params()
         optimizer = modopt.Optimizer(entry.make(), params)
@@ -270,6 +285,7 @@ def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
         straight[entry.name] = (params, optimizer)
         donated_step(make_grads(0, params), modopt.Optimizer(entry.make(), make_params()), make_params(), entry)
         assert TRACES[entry.name] == 1, f"{entry}: rebuilding the same configuration retraced"
+        traces = 1
         if entry.change is not None:
             name, value = entry.change
             rebuilt = modopt.Optimizer(entry.make(), make_params())
@@ -277,7 +293,11 @@ def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
             assert float(changed.hyperparameters[name]) == pytest.approx(value, rel=1e-6)
             assert float(rebuilt.hyperparameters[name]) != pytest.approx(value, rel=1e-6)
             donated_step(make_grads(0, params), changed, make_params(), entry)
-            assert TRACES[entry.name] == 1, f"{entry}: changing {name} retraced"
+            traces += crosses_identity(rebuilt.tx, name, value)
+            assert TRACES[entry.name] == traces, f"{entry}: changing {name} retraced" if traces == 1 else (
+                f"{entry}: setting {name} to or from its identity did not compile the step again"
+            )
+        traces_after_change[entry.name] = traces
     with CheckpointManager(tmp_path) as manager:
         manager.save(2, optimizers=halfway, params=params_at)
         fresh = {e.name: modopt.Optimizer(e.make(), make_params()) for e in entries}
@@ -287,7 +307,7 @@ def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
         params, optimizer = restored["params"][entry.name], restored["optimizers"][entry.name]
         for i in range(2, 4):
             params, optimizer = donated_step(make_grads(i, params), optimizer, params, entry)
-        assert TRACES[entry.name] == 1, f"{entry}: the restored optimizer retraced"
+        assert TRACES[entry.name] == traces_after_change[entry.name], f"{entry}: the restored optimizer retraced"
         expected = straight[entry.name]
         for (path, a), b in zip(jax.tree_util.tree_flatten_with_path((params, optimizer))[0], jax.tree.leaves(expected)):
             assert np.array_equal(comparable(a), comparable(b)), f"{entry}: {jax.tree_util.keystr(path)} differs after resume"

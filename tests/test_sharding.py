@@ -145,7 +145,7 @@ def test_bytes_per_device_plans_a_pod_from_abstract_values():
     assert bytes_per_device(optimizer.state, plain.state) == moments // 16 + 4
     zero = shardings(optimizer, specs, mesh=pod, zero_axis="data")
     assert bytes_per_device(optimizer.state, zero.state) == moments // 256 + 4
-    hyperparameters = 7 * 4  # learning_rate, b1 and b2 (each with its complement), eps, eps_root
+    hyperparameters = 6 * 4  # learning_rate, b1 and b2 (each with its complement), eps (eps_root=0.0 is no array)
     assert bytes_per_device(optimizer, zero) == moments // 256 + scalars + hyperparameters
 
 

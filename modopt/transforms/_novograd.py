@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from .. import fields
 from .._base import AbstractTransform, require_params
 from .._moments import init_state, state_dtype_for, store, update_moment, widen
-from .._numerics import safe_increment
+from .._numerics import is_concrete_zero, safe_increment
 from .._specs import REPLICATED
 from .._trees import abs_sq, map_updates
 from ..schedules._base import ScalarOrSchedule, value_at
@@ -78,7 +78,11 @@ class ScaleByNovograd(AbstractTransform):
         )
         averaged = update_moment(squared_norms, stored_nu, self.b2, 1)
         nu = jax.tree_util.tree_map(lambda s, v: jnp.where(count == 1, s, v), squared_norms, averaged)
-        step = lambda g, v, p: g / (jnp.sqrt(v + self.eps_root) + self.eps) + weight_decay * p  # noqa: E731
+        scaled = lambda g, v: g / (jnp.sqrt(v + self.eps_root) + self.eps)  # noqa: E731
+        if is_concrete_zero(weight_decay):  # a decay of 0 compiled in: no work for it
+            step = lambda g, v, p: scaled(g, v)  # noqa: E731
+        else:
+            step = lambda g, v, p: scaled(g, v) + weight_decay * p  # noqa: E731
         normalized = map_updates(step, widen(updates, self.mu_dtype), nu, params)
         # At the first step `mu` is zero, so `b1 * mu + normalized` is `normalized`, as the paper starts it.
         mu = map_updates(lambda u, m: self.b1 * m + u, normalized, widen(state.mu, self.mu_dtype))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from .. import fields
 from .._base import AbstractTransform, EmptyState, require_params
-from .._numerics import safe_increment
+from .._numerics import is_concrete_zero, safe_increment
 from .._trees import map_updates
 from ..combinators._masked import Masked
 from ..schedules._base import ScalarOrSchedule, is_schedule
@@ -36,7 +36,9 @@ def decay_update(
     tx: Any, updates: Any, state: Any, params: Any, extra_args: dict, rule: Callable[[Any, Any, Any], Any]
 ) -> tuple[Any, Any]:
     """The step of a weight decay `tx` (see `decay_init`): `rule(update, param, decay)` on each
-    leaf, with `decay` the coefficient at this step; through `masked` when `tx` has a mask."""
+    leaf, with `decay` the coefficient at this step; through `masked` when `tx` has a mask.
+    A decay known to be 0 where the step is traced (`weight_decay=0.0`, see
+    `modopt.fields.weight_decay`) leaves the updates as they are, as optax's does."""
     if tx.mask is not None:
         return _unmasked_under_mask(tx).update(updates, state, params, **extra_args)
     require_params(params, tx)
@@ -45,6 +47,8 @@ def decay_update(
         state = WeightDecaySchedule(count=safe_increment(state.count))
     else:
         decay = tx.weight_decay
+    if is_concrete_zero(decay):
+        return updates, state
     return map_updates(lambda u, p: rule(u, p, decay), updates, params), state
 
 

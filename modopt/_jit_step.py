@@ -8,6 +8,12 @@ step needs less: `jit_step` flattens the arguments once, keys a cache by their s
 non-array leaves, and hands the arrays to a `jax.jit` function as flat tuples. The model and
 optimizer it returned are recognized when they come back as arguments (by identity: Equinox
 modules are immutable) and are not flattened again.
+
+Scalars are not donated (donating them saves no memory), and what the step returns unchanged
+of them is handed back as the caller's own objects without crossing the jit boundary: an
+Equinox module of the arguments whose arrays are all such scalars (the optimizer's transform,
+with its hyperparameters) comes back as the same object, neither rebuilt after the call nor
+flattened again at the next one.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -65,14 +72,17 @@ def _array_flags(leaves: list) -> list[bool]:
 
 class _Part:
     """The structure of one argument or output: its treedef and non-array leaves (with
-    `_ARRAY` in the arrays' places; `None` when every leaf is an array), hashed once."""
+    `_ARRAY` in the arrays' places; `None` when every leaf is an array), and which of its
+    arrays are donated where the argument is (`mask`: the arrays that are not scalars; `None`
+    when all are), hashed once."""
 
-    __slots__ = ("hash", "statics", "treedef")
+    __slots__ = ("hash", "mask", "n_donated", "statics", "treedef")
 
-    def __init__(self, treedef, statics: tuple | None):
-        self.treedef, self.statics = treedef, statics
+    def __init__(self, treedef, statics: tuple | None, mask: tuple | None):
+        self.treedef, self.statics, self.mask = treedef, statics, mask
+        self.n_donated = None if mask is None else sum(mask)
         try:
-            self.hash = hash((treedef, statics))
+            self.hash = hash((treedef, statics, mask))
         except TypeError:  # an unhashable leaf: an error where it is used as (part of) a key
             self.hash = None
 
@@ -87,27 +97,132 @@ class _Part:
             and self.hash == other.hash
             and self.treedef == other.treedef
             and self.statics == other.statics
+            and self.mask == other.mask
         )
 
-    def unflatten(self, arrays: list) -> Any:
+    def split(self, arrays: list) -> tuple[list, list]:
+        """The arrays donated where the argument is donated, and the others (scalars)."""
+        mask = self.mask
+        if mask is None:
+            return arrays, []
+        return list(itertools.compress(arrays, mask)), [x for x, m in zip(arrays, mask) if not m]
+
+    def take(self, donated: Iterator, kept: Iterator) -> Any:
+        """The tree, its arrays taken in order from `donated` (those `split` gives first) and from `kept`."""
+        if self.mask is None:
+            count = self.treedef.num_leaves if self.statics is None else self.statics.count(_ARRAY)
+            arrays = list(itertools.islice(donated, count))
+        else:
+            first = iter(list(itertools.islice(donated, self.n_donated)))
+            second = iter(list(itertools.islice(kept, len(self.mask) - self.n_donated)))
+            arrays = [next(first) if m else next(second) for m in self.mask]
         if self.statics is None:
             return self.treedef.unflatten(arrays)
-        return self.take(iter(arrays))
-
-    def take(self, arrays: Iterator) -> Any:
-        """The tree, its array leaves taken from the iterator `arrays` in order."""
-        if self.statics is None:
-            return self.treedef.unflatten(list(itertools.islice(arrays, self.treedef.num_leaves)))
+        arrays = iter(arrays)
         return self.treedef.unflatten([next(arrays) if s is _ARRAY else s for s in self.statics])
+
+
+def _mask(arrays: list) -> tuple | None:
+    """Which arrays are donated where their argument is: all but scalars; `None` for all."""
+    mask = tuple(np.ndim(x) > 0 for x in arrays)
+    return None if all(mask) else mask
 
 
 def _split(leaves: list, treedef) -> tuple[list, _Part]:
     """The array leaves, and the structure of the rest."""
     flags = _array_flags(leaves)
     if all(flags):  # a tree of arrays (a dict of parameters): no per-leaf work
-        return leaves, _Part(treedef, None)
+        return leaves, _Part(treedef, None, _mask(leaves))
     arrays = list(itertools.compress(leaves, flags))
-    return arrays, _Part(treedef, tuple(_ARRAY if flag else x for flag, x in zip(flags, leaves)))
+    statics = tuple(_ARRAY if flag else x for flag, x in zip(flags, leaves))
+    return arrays, _Part(treedef, statics, _mask(arrays))
+
+
+def _getter(keys: tuple) -> Callable[[Any], Any]:
+    """A function reading a node of an argument by its keys (see `_getter_keys`): C's
+    `operator.attrgetter` where they are all attributes (an optimizer's `tx`)."""
+    if keys and all(kind for kind, _ in keys):
+        return operator.attrgetter(".".join(name for _, name in keys))
+    return _Getter(keys)
+
+
+class _Getter:
+    """Reads a node of an argument by its key path (attributes, dict keys, sequence indices)."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: tuple):
+        self.keys = keys
+
+    def __call__(self, tree: Any) -> Any:
+        for kind, key in self.keys:
+            tree = getattr(tree, key) if kind else tree[key]
+        return tree
+
+
+def _getter_keys(path: tuple) -> tuple | None:
+    """`path`'s keys as `_Getter` reads them, or `None` where one cannot be read back."""
+    keys = []
+    for key in path:
+        if isinstance(key, jax.tree_util.GetAttrKey):
+            keys.append((True, key.name))
+        elif isinstance(key, jax.tree_util.DictKey):
+            keys.append((False, key.key))
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            keys.append((False, key.idx))
+        else:
+            return None
+    return tuple(keys)
+
+
+def _passable(args: list, kept_at: dict) -> dict[int, tuple]:
+    """The Equinox modules in `args` that the step may hand back as the caller's own objects:
+    those whose arrays are all inputs that are not donated, by id, with (module, its leaves,
+    argument index, keys to it)."""
+    found: dict[int, tuple] = {}
+
+    def visit(node: Any, index: int, keys: tuple) -> None:
+        is_module = lambda x: x is not node and isinstance(x, eqx.Module)  # noqa: E731
+        for path, child in jax.tree_util.tree_flatten_with_path(node, is_leaf=is_module)[0]:
+            if not isinstance(child, eqx.Module) or child is node:
+                continue
+            child_keys = _getter_keys(path)
+            if child_keys is None:
+                continue
+            record(child, index, keys + child_keys)
+            visit(child, index, keys + child_keys)  # a part of it may come back where it does not
+
+    def record(node: Any, index: int, keys: tuple) -> None:
+        leaves = jax.tree_util.tree_leaves(node)
+        if all(id(x) in kept_at for x in leaves if isinstance(x, _ARRAY_TYPES)):
+            found.setdefault(id(node), (node, tuple(leaves), index, keys))
+
+    for index, arg in enumerate(args):
+        if isinstance(arg, eqx.Module):
+            record(arg, index, ())
+        visit(arg, index, ())
+    return found
+
+
+def _picker(indices: tuple) -> Callable[[tuple], tuple]:
+    """A function of a sequence returning its items at `indices` as a tuple."""
+    if not indices:
+        return lambda _: ()
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda items: (items[i],)
+    return operator.itemgetter(*indices)
+
+
+class _Output:
+    """How one element of the step's output is rebuilt from the call's arrays, the arrays kept
+    (not donated) and the objects handed back, and, fed back as an argument, split again."""
+
+    __slots__ = ("donated", "kept", "leaves", "part", "treedef")
+
+    def __init__(self, treedef, leaves: tuple, part: _Part | None, donated: tuple, kept: tuple):
+        self.treedef, self.part = treedef, part
+        self.leaves, self.donated, self.kept = _picker(leaves), _picker(donated), _picker(kept)
 
 
 class JitStep:
@@ -118,9 +233,9 @@ class JitStep:
         self.donate_argnums = tuple(sorted(set(donate_argnums)))
         # {key: (key, jitted function)}: the key is kept to re-key an equal one (see `_prepare`).
         self._compiled: dict[Any, Any] = {}
-        # The last call's outputs, by id: (weak reference, arrays, structure). An argument that
-        # is one of them (the model and optimizer fed back) is not flattened again: Equinox
-        # modules are immutable, so its leaves are still these.
+        # The last call's outputs, by id: (weak reference, arrays donated where it is donated,
+        # the other arrays, structure). An argument that is one of them (the model and optimizer
+        # fed back) is not flattened again: Equinox modules are immutable, so its leaves are still these.
         self._outputs: dict[int, Any] = {}
         # The structure of the last argument at each position that was not a fed-back output,
         # reused while it recurs (a dict of parameters and a batch are flattened every call).
@@ -138,7 +253,7 @@ class JitStep:
             for i, arg in enumerate(args):
                 record = outputs.get(id(arg))
                 if record is not None and record[0]() is arg:
-                    arrays, part = record[1], record[2]
+                    first, second, part = record[1], record[2], record[3]
                     fed_back += 1
                 else:
                     leaves, treedef = _flatten(arg, None)
@@ -153,14 +268,27 @@ class JitStep:
                     else:
                         arrays, part = _split(leaves, treedef)
                         self._fresh[i] = part
-                (donated if i in self.donate_argnums else kept).extend(arrays)
+                    first, second = part.split(arrays)
+                if i in self.donate_argnums:
+                    donated.extend(first)
+                else:
+                    kept.extend(first)
+                kept.extend(second)
                 parts.append(part)
             kwargs_part = None
             if kwargs:
                 arrays, kwargs_part = _split(*jax.tree_util.tree_flatten(kwargs))
-                kept.extend(arrays)
+                first, second = kwargs_part.split(arrays)
+                kept.extend(first)
+                kept.extend(second)
             last = self._last
-            if last is not None and kwargs_part is None and last[0][1] is None and _identical(parts, last[0][0]):
+            if (
+                last is not None
+                and kwargs_part is None
+                and last[0][1] is None
+                and len(parts) == len(last[0][0])
+                and all(map(operator.is_, parts, last[0][0]))
+            ):  # the structures of the last call, the same objects (its outputs fed back)
                 return last[1], tuple(donated), tuple(kept)
             key = (tuple(parts), kwargs_part)
             entry = self._compiled.get(key)
@@ -185,23 +313,83 @@ class JitStep:
         fn = self.fn
 
         def step(donated, kept):
-            donated, kept = iter(donated), iter(kept)
-            args = []
-            for i, part in enumerate(parts):
-                source = donated if i in donate else kept
-                args.append(part.take(source))
-            kwargs = {}
-            if kwargs_part is not None:
-                kwargs = kwargs_part.take(kept)
+            donated_in, kept_in = iter(donated), iter(kept)
+            args = [
+                part.take(donated_in if i in donate else kept_in, kept_in)
+                for i, part in enumerate(parts)
+            ]
+            kwargs = {} if kwargs_part is None else kwargs_part.take(kept_in, kept_in)
+            kept_at = {id(x): k for k, x in enumerate(kept)}
+            passable = _passable(args, kept_at)
             out = fn(*args, **kwargs)
             # Each element of a tuple output separately, so that each can be recognized when fed back.
             elements = out if type(out) is tuple else (out,)
-            arrays, structures = [], []
+            arrays: list = []  # what the call returns
+            new_at: dict[int, int] = {}
+            objects: list = []  # modules handed back: (argument index, getter)
+            object_at: dict[int, int] = {}
+            sources = []  # per element: (treedef, its leaves' sources, its arrays' sources, its structure)
+
+            def handed_back(x) -> bool:
+                entry = passable.get(id(x))
+                return (
+                    entry is not None
+                    and entry[0] is x
+                    and all(map(operator.is_, jax.tree_util.tree_leaves(x), entry[1]))
+                )
+
+            def source(x) -> tuple:
+                if id(x) in kept_at:
+                    return ("kept", kept_at[id(x)])
+                if id(x) not in new_at:
+                    new_at[id(x)] = len(arrays)
+                    arrays.append(x)
+                return ("new", new_at[id(x)])
+
             for element in elements:
-                element_arrays, part = _split(*jax.tree_util.tree_flatten(element))
-                arrays.append(element_arrays)
-                structures.append(part)
-            return arrays, _Static((type(out) is tuple, tuple(structures)))
+                leaves, treedef = jax.tree_util.tree_flatten(element, is_leaf=handed_back)
+                leaf_sources = []
+                for leaf in leaves:
+                    if isinstance(leaf, eqx.Module) and handed_back(leaf):
+                        if id(leaf) not in object_at:
+                            object_at[id(leaf)] = len(objects)
+                            _, _, index, keys = passable[id(leaf)]
+                            objects.append((index, _getter(keys)))
+                        leaf_sources.append(("object", object_at[id(leaf)]))
+                    elif isinstance(leaf, _ARRAY_TYPES):
+                        leaf_sources.append(source(leaf))
+                    else:
+                        leaf_sources.append(("static", leaf))
+                if type(element).__weakrefoffset__ == 0 or isinstance(element, _ARRAY_TYPES):
+                    # One array (a loss), a dict, a tuple: flattened again if fed back.
+                    sources.append((treedef, leaf_sources, [], None))
+                    continue
+                # As an argument at the next call: its arrays, split as `_prepare` splits them.
+                all_arrays, part = _split(*jax.tree_util.tree_flatten(element))
+                sources.append((treedef, leaf_sources, [source(x) for x in all_arrays], part))
+            # Indices into `(*arrays, *kept, *objects, *statics)`, the sequence the call builds.
+            statics: list = []
+            offset = {"new": 0, "kept": len(arrays), "object": len(arrays) + len(kept)}
+            base = len(arrays) + len(kept) + len(objects)
+
+            def index(src) -> int:
+                kind, value = src
+                if kind == "static":
+                    statics.append(value)
+                    return base + len(statics) - 1
+                return offset[kind] + value
+
+            plans = []
+            for treedef, leaf_sources, array_sources, part in sources:
+                leaf_indices = tuple(index(src) for src in leaf_sources)
+                if part is None:
+                    plans.append(_Output(treedef, leaf_indices, None, (), ()))
+                    continue
+                mask = part.mask or (True,) * len(array_sources)
+                donated_indices = tuple(index(src) for src, m in zip(array_sources, mask) if m)
+                kept_indices = tuple(index(src) for src, m in zip(array_sources, mask) if not m)
+                plans.append(_Output(treedef, leaf_indices, part, donated_indices, kept_indices))
+            return arrays, _Static((type(out) is tuple, tuple(plans), tuple(objects), tuple(statics)))
 
         step.__name__ = getattr(fn, "__name__", "step")
         step.__qualname__ = getattr(fn, "__qualname__", step.__name__)
@@ -210,22 +398,20 @@ class JitStep:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         compiled, donated, kept = self._prepare(args, kwargs)
         arrays, static = compiled(donated, kept)
-        is_tuple, structures = static.value
+        is_tuple, plans, objects, statics = static.value
+        if objects or statics:
+            items = (*arrays, *kept, *[get(args[index]) for index, get in objects], *statics)
+        else:
+            items = (*arrays, *kept)
         outputs, records = [], {}
-        for part_arrays, part in zip(arrays, structures):
-            obj = part.treedef.unflatten(part_arrays) if part.statics is None else part.unflatten(part_arrays)
+        traced = bool(arrays) and isinstance(arrays[0], _Tracer)  # called inside a trace: keep nothing
+        forget = self._forget
+        for plan in plans:
+            obj = plan.treedef.unflatten(plan.leaves(items))
             outputs.append(obj)
-            is_array = _IS_ARRAY.get(type(obj))
-            if is_array is None:
-                is_array = _array_flags([obj])[0]
-            if is_array:  # one array (a loss): nothing to save
-                continue
-            if part_arrays and isinstance(part_arrays[0], _Tracer):  # called inside a trace: keep nothing
-                continue
-            try:
-                records[id(obj)] = (weakref.ref(obj, self._forget), part_arrays, part)
-            except TypeError:  # not weakly referenceable (a tuple, a dict): flattened when fed back
-                pass
+            if plan.part is not None and not traced:
+                ref = weakref.ref(obj, forget)
+                records[id(obj)] = (ref, plan.donated(items), plan.kept(items), plan.part)
         self._outputs = records
         return tuple(outputs) if is_tuple else outputs[0]
 
@@ -242,11 +428,6 @@ class JitStep:
 
     def __repr__(self):
         return f"jit_step({getattr(self.fn, '__qualname__', self.fn)}, donate_argnums={self.donate_argnums})"
-
-
-def _identical(parts: list, other: tuple) -> bool:
-    """Whether two lists of argument structures are the same objects, one for one."""
-    return len(parts) == len(other) and all(map(operator.is_, parts, other))
 
 
 _Tracer = jax.core.Tracer

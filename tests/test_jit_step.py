@@ -71,8 +71,13 @@ def test_donates_model_and_optimizer_not_the_batch():
     optimizer = modopt.Optimizer(modopt.adam(1e-2), model)
     old_leaves = [x for x in jax.tree_util.tree_leaves((model, optimizer)) if eqx.is_array(x)]
     x, y = jnp.copy(X), jnp.copy(Y)
-    step(model, optimizer, (x, y))
-    assert all(leaf.is_deleted() for leaf in old_leaves)
+    new_model, new_optimizer, _ = step(model, optimizer, (x, y))
+    # Every array but the scalars is donated; the scalars the step leaves unchanged (the
+    # transform's hyperparameters, the model's counter) come back as the caller's own arrays,
+    # and a module of only those (the transform) as the same object.
+    assert all(leaf.is_deleted() == (leaf.ndim > 0) for leaf in old_leaves)
+    assert new_optimizer.tx is optimizer.tx and new_model.calls is model.calls
+    assert not new_optimizer.count.is_deleted() and int(new_optimizer.count) == 1
     assert not x.is_deleted() and not y.is_deleted()
     # XLA reuses every byte of the model's float leaves and of the optimizer's state.
     fresh = make()

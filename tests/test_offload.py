@@ -83,7 +83,7 @@ def test_state_lives_on_the_host_and_steps_equal_the_device_ones(compensation):
         before = jax.tree.leaves(optimizer.state)
         params, optimizer = train_step(params, optimizer, gradients(i, params))
         assert kinds(optimizer.state) == {HOST} and kinds(optimizer.count) == {"device"}
-        assert all(x.is_deleted() for x in before)  # donated and reused
+        assert all(x.is_deleted() == (x.ndim > 0) for x in before)  # donated and reused (scalars are not donated)
         if compensation:
             assert kinds(optimizer.compensation) == {HOST}
     reference = train(plain, make_params(), 3)

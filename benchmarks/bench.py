@@ -1,7 +1,8 @@
 """modopt against optax (and torch.optim when installed) on the same work, in one process.
 
 Run `python benchmarks/bench.py` (full sizes; writes benchmarks/results.txt and results.json)
-or `python benchmarks/bench.py --size tiny` (the CI smoke run; writes nothing unless `--out`).
+or `python benchmarks/bench.py --size tiny` (the CI smoke run; writes nothing unless `--out`);
+`--cases 8` (or `4,8`) runs only those cases (and writes nothing unless `--out`).
 Each timing is the median of repeated runs after warm-up, with the runs being compared
 interleaved so that drift in the machine's load hits them alike. Cases:
 
@@ -545,7 +546,11 @@ class Timer:
         self.last = now
 
 
-def run(size: str) -> dict:
+CASES = tuple(range(1, 10))
+
+
+def run(size: str, cases: tuple[int, ...] = CASES) -> dict:
+    """The cases asked for (all by default), with the machine and versions."""
     s = SIZES[size]
     start = time.perf_counter()
     results: dict[str, Any] = {
@@ -557,32 +562,41 @@ def run(size: str) -> dict:
         "size": size,
     }
     timer = Timer()
-    elements = s.get("big_gpu", s["big"]) if jax.default_backend() == "gpu" else s["big"]
-    big = {"w": jax.random.normal(jax.random.key(0), (elements,))}
-    results["1 one big array"] = adam_case(big, s["repeats"])
-    results["1 one big array"]["bandwidth GB/s"] = bandwidth(elements, s["repeats"]) / 1e9
-    results["1 one big array"]["elements"] = elements
-    timer("1")
-    results["2 many 16k leaves"] = adam_case(leaves_of(s["leaves"], s["leaf"]), s["repeats"])
-    timer("2")
-    results["3 many tiny leaves"] = adam_case(leaves_of(s["leaves"], s["tiny_leaf"]), s["repeats"])
-    timer("3")
-    results["4 MLP train step"] = mlp_case(s["width"], s["repeats"])
-    timer("4")
-    results["5 compile, 100 leaves"] = compile_case(min(100, s["leaves"]), s["tiny_leaf"])
-    results["5 compile, 1000 leaves"] = compile_case(s["leaves"], s["tiny_leaf"])
-    timer("5")
-    results["6 traces"] = trace_case()
-    timer("6")
-    results["7 donated step memory"] = memory_case(s["leaves"], s["leaf"])
-    timer("7")
-    results["8 catalog"] = catalog_case(s["width"], s["catalog_repeats"], s["catalog"])
-    results["8 catalog parameters"] = sum(p.size for p in jax.tree.leaves(mlp_params(s["width"])))
-    timer("8")
-    nnx_row = nnx_case(s["width"], s["repeats"])
-    if nnx_row is not None:
-        results["9 NNX MLP train step"] = nnx_row
-    timer("9")
+    if 1 in cases:
+        elements = s.get("big_gpu", s["big"]) if jax.default_backend() == "gpu" else s["big"]
+        big = {"w": jax.random.normal(jax.random.key(0), (elements,))}
+        results["1 one big array"] = adam_case(big, s["repeats"])
+        results["1 one big array"]["bandwidth GB/s"] = bandwidth(elements, s["repeats"]) / 1e9
+        results["1 one big array"]["elements"] = elements
+        timer("1")
+    if 2 in cases:
+        results["2 many 16k leaves"] = adam_case(leaves_of(s["leaves"], s["leaf"]), s["repeats"])
+        timer("2")
+    if 3 in cases:
+        results["3 many tiny leaves"] = adam_case(leaves_of(s["leaves"], s["tiny_leaf"]), s["repeats"])
+        timer("3")
+    if 4 in cases:
+        results["4 MLP train step"] = mlp_case(s["width"], s["repeats"])
+        timer("4")
+    if 5 in cases:
+        results["5 compile, 100 leaves"] = compile_case(min(100, s["leaves"]), s["tiny_leaf"])
+        results["5 compile, 1000 leaves"] = compile_case(s["leaves"], s["tiny_leaf"])
+        timer("5")
+    if 6 in cases:
+        results["6 traces"] = trace_case()
+        timer("6")
+    if 7 in cases:
+        results["7 donated step memory"] = memory_case(s["leaves"], s["leaf"])
+        timer("7")
+    if 8 in cases:
+        results["8 catalog"] = catalog_case(s["width"], s["catalog_repeats"], s["catalog"])
+        results["8 catalog parameters"] = sum(p.size for p in jax.tree.leaves(mlp_params(s["width"])))
+        timer("8")
+    if 9 in cases:
+        nnx_row = nnx_case(s["width"], s["repeats"])
+        if nnx_row is not None:
+            results["9 NNX MLP train step"] = nnx_row
+        timer("9")
     results["seconds"] = time.perf_counter() - start
     results["seconds by case"] = timer.seconds
     return results
@@ -627,9 +641,21 @@ def table(results: dict) -> str:
             else:
                 note = ""
             lines.append(f"{'':28s} {key + ': ' + _fmt(value, key):>40s}  {note}")
-    lines.append("\n" + bandwidth_line(results))
-    lines.append(f"traces: {results['6 traces']}")
-    lines.append(f"memory: {results['7 donated step memory']}")
+    if "1 one big array" in results:
+        lines.append("\n" + bandwidth_line(results))
+    if "6 traces" in results:
+        lines.append(f"traces: {results['6 traces']}")
+    if "7 donated step memory" in results:
+        lines.append(f"memory: {results['7 donated step memory']}")
+    if "8 catalog" in results:
+        lines.extend(catalog_table(results))
+    lines.append(f"\nwhole run: {results['seconds']:.0f} s (by case: {results['seconds by case']})")
+    return "\n".join(lines)
+
+
+def catalog_table(results: dict) -> list[str]:
+    """Case 8's lines: each optimizer's times and ratios to optax, and their geometric means."""
+    lines = []
     catalog = results["8 catalog"]
     lines.append(f"\n8 catalog: each named optimizer's donated step on the MLP's {results['8 catalog parameters']:,} parameters")
     lines.append(
@@ -646,8 +672,7 @@ def table(results: dict) -> str:
         )
     mean = lambda key: float(np.exp(np.mean([np.log(r[key] / r["optax"]) for r in catalog.values()])))  # noqa: E731
     lines.append(f"{'geometric mean':28s} {'':12s} {'':12s} {mean('modopt'):7.2f} {'':12s} {mean('modopt jit_step'):7.2f}")
-    lines.append(f"\nwhole run: {results['seconds']:.0f} s (by case: {results['seconds by case']})")
-    return "\n".join(lines)
+    return lines
 
 
 def _fmt(value: Any, key: str = "") -> str:
@@ -665,11 +690,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--out", help="folder for results.txt and results.json (default: benchmarks/ for --size full, none for tiny)"
     )
+    parser.add_argument(
+        "--cases",
+        help="the cases to run, by number, e.g. 8 or 4,8 (default: all); a run of some cases writes nothing unless `--out`",
+    )
     args = parser.parse_args(argv)
-    results = run(args.size)
+    cases = CASES if args.cases is None else tuple(sorted({int(c) for c in args.cases.split(",")}))
+    if not set(cases) <= set(CASES):
+        parser.error(f"--cases: the cases are {list(CASES)}, not {args.cases}")
+    results = run(args.size, cases)
     text = table(results)
     print(text)
-    out = args.out if args.out is not None else (HERE if args.size == "full" else None)
+    default_out = HERE if args.size == "full" and cases == CASES else None
+    out = args.out if args.out is not None else default_out
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "results.txt"), "w") as file:

@@ -177,8 +177,8 @@ def _getter_keys(path: tuple) -> tuple | None:
 
 def _passable(args: list, kept_at: dict) -> dict[int, tuple]:
     """The Equinox modules in `args` that the step may hand back as the caller's own objects:
-    those whose arrays are all inputs that are not donated, by id, with (module, its leaves,
-    argument index, keys to it)."""
+    those whose arrays are all scalars that are not donated (in `kept_at`), by id, with (module,
+    its leaves, argument index, keys to it)."""
     found: dict[int, tuple] = {}
 
     def visit(node: Any, index: int, keys: tuple) -> None:
@@ -319,7 +319,10 @@ class JitStep:
                 for i, part in enumerate(parts)
             ]
             kwargs = {} if kwargs_part is None else kwargs_part.take(kept_in, kept_in)
-            kept_at = {id(x): k for k, x in enumerate(kept)}
+            # The scalars that are not donated, which come back as they went in where returned
+            # unchanged. (Any other array returned unchanged is a new output: handed back, it
+            # would be donated where the output is fed back, under its caller's other reference.)
+            kept_at = {id(x): k for k, x in enumerate(kept) if np.ndim(x) == 0}
             passable = _passable(args, kept_at)
             out = fn(*args, **kwargs)
             # Each element of a tuple output separately, so that each can be recognized when fed back.

@@ -105,6 +105,25 @@ def test_no_retrace_on_new_hyperparameters_or_rebuilt_optimizer():
     assert len(traces) == 2
 
 
+class Accumulator(eqx.Module):
+    total: jax.Array
+    last: jax.Array
+    scale: jax.Array
+
+
+def test_an_input_returned_unchanged_is_never_donated_under_its_caller():
+    """Fed back, an output holding an argument that is not donated (the last gradient) gets a
+    buffer of its own, so donating the output leaves the caller's argument intact; an unchanged
+    scalar of a donated argument comes back as the caller's own array."""
+    step = modopt.jit_step(lambda acc, g: Accumulator(acc.total + acc.scale * g, g, acc.scale), donate_argnums=(0,))
+    acc, g = Accumulator(jnp.zeros(3), jnp.zeros(3), jnp.asarray(2.0)), jnp.ones(3)
+    scale = acc.scale
+    for _ in range(3):
+        acc = step(acc, g)
+    np.testing.assert_array_equal(acc.total, 6 * np.ones(3))
+    assert not g.is_deleted() and acc.last is not g and acc.scale is scale
+
+
 def test_python_numbers_are_static_and_outputs_may_be_anything():
     traces = []
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import types
 from typing import Any
 
@@ -78,10 +79,11 @@ class Constant:
         value: the number (a Python `int` or `float`).
     """
 
-    __slots__ = ("value",)
+    __slots__ = ("_flat", "value")
 
     def __init__(self, value: int | float):
         self.value = value
+        self._flat = ((), _key(value))  # what it flattens to, made once (flattened at every jitted call)
 
     def array(self) -> jax.Array:
         """The value as the array a Python number becomes in a hyperparameter field (weakly
@@ -122,7 +124,7 @@ def _key(value: int | float) -> tuple:
     return (type(value), value, math.copysign(1, value) if isinstance(value, float) else 1)
 
 
-jax.tree_util.register_pytree_node(Constant, lambda c: ((), _key(c.value)), lambda key, _: Constant(key[1]))
+jax.tree_util.register_pytree_node(Constant, operator.attrgetter("_flat"), lambda key, _: Constant(key[1]))
 
 
 def constant_at(value: Any, identity: int | float) -> Constant | None:

@@ -407,7 +407,7 @@ class JitStep:
         else:
             items = (*arrays, *kept)
         outputs, records = [], {}
-        traced = bool(arrays) and isinstance(arrays[0], _Tracer)  # called inside a trace: keep nothing
+        traced = isinstance(next(iter(arrays or kept), None), _Tracer)  # called inside a trace: keep nothing
         forget = self._forget
         for plan in plans:
             obj = plan.treedef.unflatten(plan.leaves(items))

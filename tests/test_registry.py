@@ -104,32 +104,137 @@ def oracle_trajectory(entry: Entry, params, compile):
     return expected
 
 
-@pytest.mark.parametrize("entry", WITH_ORACLE, ids=[e.name for e in WITH_ORACLE])
-def test_parity_with_optax(entry: Entry):
-    """Updates and state equal optax's for 5 steps jitted (2 eager), state compared by field path.
+TRACES: dict[str, int] = {}  # traces of `jitted_update` and `donated_step`, by entry
 
-    optax's trajectory is computed once, jitted (eagerly where a reference computes in NumPy),
-    and both of ours are checked against it."""
+
+def traces(entry: Entry) -> int:
+    return TRACES.get(entry.name, 0)
+
+
+@eqx.filter_jit
+def _jitted_update(tx, grads, state, params, extra, name):
+    TRACES[name] = TRACES.get(name, 0) + 1
+    return tx.update(grads, state, params, **extra)
+
+
+def jitted_update(tx, grads, state, params, entry):
+    """`tx.update` in a jitted step that takes the transform as an argument, as a training step
+    does (its hyperparameters are array leaves). The extra arguments are computed outside it, as
+    optax's are. The arrays are committed to the device first, as Orbax restores them: the
+    step compiles once however its arguments were made."""
+    extra = entry.args(quadratic(params), params)
+    return _jitted_update(*committed((tx, grads, state, params, extra)), entry.name)
+
+
+def crosses_identity(tx, name, value) -> bool:
+    """Whether `set(name=value)` moves the hyperparameter to or from the identity its field
+    declares (`modopt.fields.hyperparameter`): the one change that compiles the step again."""
+    from modopt._fields import field_identity
+    from modopt._hyperparameters import _hyperparameter_index
+
+    _, _, field = _hyperparameter_index(tx, all_paths=True, with_fields=True)[name]
+    identity = None if field is None else field_identity(field)
+    if identity is None:
+        return False
+    old = modopt.hyperparameters(tx)[name]
+    return (float(np.asarray(old)) == identity) != (value == identity)
+
+
+def copied(tree):
+    """A copy of the arrays of `tree`, which a donated step would delete."""
+    return jax.tree.map(lambda x: x.copy() if eqx.is_array(x) else x, tree)
+
+
+def committed(tree):
+    """`tree` with its arrays committed to the default device."""
+    device = jax.devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(x, device) if eqx.is_array(x) else x, tree)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=ids)
+def test_steps_parity_one_trace_and_orbax_resume(entry: Entry, tmp_path):
+    """Per entry, one compiled step serves every check:
+
+    - parity: updates and state equal optax's for 5 steps, jitted (and the first step eager),
+      state compared by field path (entries without an oracle: see `entry.reference`);
+    - one trace: the step traces once for a transform rebuilt with the same configuration and
+      for one with a hyperparameter changed by `set` (a second time only where the change moves
+      it to or from its field's identity, compiled in as a constant);
+    - Orbax: the transform and its state after 2 steps, saved and restored into fresh ones,
+      take 3 more steps equal bit for bit to 5 uninterrupted steps, without a new trace.
+
+    optax's trajectory is computed jitted (eagerly where a reference computes in NumPy)."""
+    from modopt._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
+    from modopt.integrations.orbax import CheckpointManager
+
     params = make_params()
-    try:
-        expected = oracle_trajectory(entry, params, jax.jit)
-    except TypeError:  # a tracer made concrete or NumPy, or a function among the extra arguments
-        expected = oracle_trajectory(entry, params, lambda f: f)
-    for jit in (False, True):
-        ours = entry.make()
-        mode = "jitted" if jit else "eager"
-        init = jax.jit(ours.init) if jit else ours.init
-        update = jax.jit(ours.update) if jit else ours.update
-        state, our_params = init(params), params
-        assert_trees_close(state, expected[0], f"{entry} initial state ({mode})")
-        for step in range(STEPS if jit else EAGER_STEPS):
-            grads = make_grads(step, params)
-            updates, state = update(grads, state, our_params, **entry.args(quadratic(our_params), our_params))
+    expected = None
+    if entry.oracle is not None:
+        try:
+            expected = oracle_trajectory(entry, params, jax.jit)
+        except TypeError:  # a tracer made concrete or NumPy, or a function among the extra arguments
+            expected = oracle_trajectory(entry, params, lambda f: f)
+
+    def check(step, updates, state, mode):
+        if expected is not None:
             their_updates, their_state = expected[step + 1]
             what = f"{entry} ({mode}) %s, step {step}"
             assert_trees_close(updates, their_updates, what % "updates", rtol=entry.tolerance, atol=entry.tolerance)
             assert_trees_close(state, their_state, what % "state", rtol=entry.tolerance, atol=entry.tolerance)
-            our_params = modopt.apply_updates(our_params, updates)
+
+    # Eager: the first step, op by op.
+    tx = entry.make()
+    state = tx.init(params)
+    if expected is not None:
+        assert_trees_close(state, expected[0], f"{entry} initial state (eager)")
+    grads = make_grads(0, params)
+    updates, state = tx.update(grads, state, params, **entry.args(quadratic(params), params))
+    check(0, updates, state, "eager")
+
+    # Jitted, 5 steps, keeping the transform, state and parameters after 2 of them.
+    TRACES.pop(entry.name, None)
+    tx = entry.make()
+    state, our_params = eqx.filter_jit(tx.init)(params), params
+    initial_state = state
+    if expected is not None:
+        assert_trees_close(state, expected[0], f"{entry} initial state (jitted)")
+    for step in range(STEPS):
+        if step == 2:
+            halfway = copied((tx, state, our_params))
+        updates, state = jitted_update(tx, make_grads(step, params), state, our_params, entry)
+        check(step, updates, state, "jitted")
+        our_params = modopt.apply_updates(our_params, updates)
+    straight = (state, our_params)
+    assert traces(entry) == 1, f"{entry}: the step traced {traces(entry)} times in {STEPS} steps"
+
+    jitted_update(entry.make(), grads, initial_state, params, entry)
+    assert traces(entry) == 1, f"{entry}: rebuilding the same configuration retraced"
+    if entry.change is not None:
+        name, value = entry.change
+        rebuilt = entry.make()
+        changed, changed_state = set_hyperparameters_with_state(rebuilt, initial_state, **{name: value})
+        assert float(hyperparameters_with_state(changed, changed_state)[name]) == pytest.approx(value, rel=1e-6)
+        assert float(hyperparameters_with_state(rebuilt, initial_state)[name]) != pytest.approx(value, rel=1e-6)
+        jitted_update(changed, grads, changed_state, params, entry)
+        expected_traces = 1 + crosses_identity(rebuilt, name, value)
+        assert traces(entry) == expected_traces, f"{entry}: changing {name} retraced" if expected_traces == 1 else (
+            f"{entry}: setting {name} to or from its identity did not compile the step again"
+        )
+    traces_before_resume = traces(entry)
+
+    with CheckpointManager(tmp_path, async_save=False) as manager:
+        tx_2, state_2, params_2 = halfway
+        manager.save(2, transform=tx_2, state=state_2, params=params_2)
+        restored = manager.restore(
+            2, transform=entry.make(), state=initial_state, params=jax.tree.map(jnp.zeros_like, params)
+        )
+    tx, state, our_params = restored["transform"], restored["state"], restored["params"]
+    for step in range(2, STEPS):
+        updates, state = jitted_update(tx, make_grads(step, params), state, our_params, entry)
+        our_params = modopt.apply_updates(our_params, updates)
+    assert traces(entry) == traces_before_resume, f"{entry}: the restored transform and state retraced"
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path((state, our_params))[0], jax.tree.leaves(straight)):
+        assert np.array_equal(comparable(a), comparable(b)), f"{entry}: {jax.tree_util.keystr(path)} differs after resume"
 
 
 def train_step(optimizer, params, grads, entry):
@@ -222,59 +327,39 @@ def test_state_placed_on_a_mesh(entry: Entry):
                 assert sharding.spec == SPECS[leaf_name], f"{entry}: state{jax.tree_util.keystr(path)} is {sharding.spec}"
 
 
-# Entries share checkpoints: one per group, the groups spread over the test workers.
-GROUPS = 6
-GROUPED = [ENTRIES[i::GROUPS] for i in range(GROUPS)]
-TRACES: dict[str, int] = {}  # traces of `donated_step`, by entry
+# The documented training step (`Optimizer.step`, model and optimizer donated) on entries of
+# every kind of state: the per-entry checks above use the transform's own step, which this
+# one wraps.
+DONATED = ["adamw", "noisy_sgd", "inject_adamw_static_mask", "lbfgs", "partition", "shampoo", "quantized_state_adamw",
+           "schedule_free_adamw", "sam_opaque", "reduce_on_plateau"]  # fmt: skip
 
 
 @eqx.filter_jit(donate="all-except-first")
 def donated_step(grads, optimizer, params, entry):
-    """The documented training step: model and optimizer donated."""
-    TRACES[entry.name] = TRACES.get(entry.name, 0) + 1
+    TRACES[entry.name] = traces(entry) + 1
     return train_step(optimizer, params, grads, entry)
 
 
-def copied(tree):
-    """A copy of the arrays of `tree`, which a donated step would delete."""
-    return jax.tree.map(lambda x: x.copy() if eqx.is_array(x) else x, tree)
-
-
-def crosses_identity(tx, name, value) -> bool:
-    """Whether `set(name=value)` moves the hyperparameter to or from the identity its field
-    declares (`modopt.fields.hyperparameter`): the one change that compiles the step again."""
-    from modopt._fields import field_identity
-    from modopt._hyperparameters import _hyperparameter_index
-
-    _, _, field = _hyperparameter_index(tx, all_paths=True, with_fields=True)[name]
-    identity = None if field is None else field_identity(field)
-    if identity is None:
-        return False
-    old = modopt.hyperparameters(tx)[name]
-    return (float(np.asarray(old)) == identity) != (value == identity)
-
-
-@pytest.mark.parametrize("group", range(GROUPS), ids=[f"group{i}" for i in range(GROUPS)])
-def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
-    """Per entry, one trace of the donated training step serves an optimizer rebuilt with
-    the same configuration, one with a hyperparameter changed by `set` (a second trace where
-    the change moves it to or from its field's identity, compiled in as a constant), and one
-    restored from Orbax. One checkpoint holds the optimizers of a group of entries after 2
-    steps; restored into fresh optimizers, 2 more steps equal 4 uninterrupted steps bit for bit."""
-    if os.environ.get("MODOPT_ORBAX_GROUP_PROCESS") != "1":
-        # Each group runs in a fresh process: in a long-lived test worker an XLA compilation of
-        # this test crashed (a segmentation fault) three times, never in a process of its own.
+def test_donated_optimizer_step_one_trace_and_bit_exact_orbax_resume(tmp_path):
+    """One trace of the donated `Optimizer.step` serves an optimizer rebuilt with the same
+    configuration, one with a hyperparameter changed by `set`, and one restored from Orbax.
+    One checkpoint holds the optimizers after 2 steps; restored into fresh optimizers, 2 more
+    steps equal 4 uninterrupted steps bit for bit."""
+    if os.environ.get("MODOPT_DONATED_STEP_PROCESS") != "1":
+        # In a process of its own: in a long-lived test worker an XLA compilation of a donated
+        # step crashed (a segmentation fault) three times, never in a process of its own.
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                   f"{__file__}::test_one_trace_and_bit_exact_orbax_resume[group{group}]"]  # fmt: skip
-        env = {**os.environ, "MODOPT_ORBAX_GROUP_PROCESS": "1"}
+                   f"{__file__}::test_donated_optimizer_step_one_trace_and_bit_exact_orbax_resume"]  # fmt: skip
+        env = {**os.environ, "MODOPT_DONATED_STEP_PROCESS": "1"}
         result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
         assert result.returncode == 0, f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
         assert "1 passed" in result.stdout, result.stdout[-2000:]
         return
-    entries = GROUPED[group]
     from modopt.integrations.orbax import CheckpointManager
+    from registry import BY_NAME
 
-    straight, halfway, params_at, traces_after_change = {}, {}, {}, {}
+    entries = [BY_NAME[name] for name in DONATED]
+    straight, halfway, params_at = {}, {}, {}
     for entry in entries:
         params = make_params()
         optimizer = modopt.Optimizer(entry.make(), params)
@@ -284,20 +369,13 @@ def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
                 halfway[entry.name], params_at[entry.name] = copied(optimizer), copied(params)
         straight[entry.name] = (params, optimizer)
         donated_step(make_grads(0, params), modopt.Optimizer(entry.make(), make_params()), make_params(), entry)
-        assert TRACES[entry.name] == 1, f"{entry}: rebuilding the same configuration retraced"
-        traces = 1
+        assert traces(entry) == 1, f"{entry}: rebuilding the same configuration retraced"
         if entry.change is not None:
             name, value = entry.change
-            rebuilt = modopt.Optimizer(entry.make(), make_params())
-            changed = rebuilt.set(**{name: value})
+            changed = modopt.Optimizer(entry.make(), make_params()).set(**{name: value})
             assert float(changed.hyperparameters[name]) == pytest.approx(value, rel=1e-6)
-            assert float(rebuilt.hyperparameters[name]) != pytest.approx(value, rel=1e-6)
             donated_step(make_grads(0, params), changed, make_params(), entry)
-            traces += crosses_identity(rebuilt.tx, name, value)
-            assert TRACES[entry.name] == traces, f"{entry}: changing {name} retraced" if traces == 1 else (
-                f"{entry}: setting {name} to or from its identity did not compile the step again"
-            )
-        traces_after_change[entry.name] = traces
+            assert traces(entry) == 1, f"{entry}: changing {name} retraced"
     with CheckpointManager(tmp_path) as manager:
         manager.save(2, optimizers=halfway, params=params_at)
         fresh = {e.name: modopt.Optimizer(e.make(), make_params()) for e in entries}
@@ -307,7 +385,7 @@ def test_one_trace_and_bit_exact_orbax_resume(group, tmp_path):
         params, optimizer = restored["params"][entry.name], restored["optimizers"][entry.name]
         for i in range(2, 4):
             params, optimizer = donated_step(make_grads(i, params), optimizer, params, entry)
-        assert TRACES[entry.name] == traces_after_change[entry.name], f"{entry}: the restored optimizer retraced"
+        assert traces(entry) == 1, f"{entry}: the restored optimizer retraced"
         expected = straight[entry.name]
         for (path, a), b in zip(jax.tree_util.tree_flatten_with_path((params, optimizer))[0], jax.tree.leaves(expected)):
             assert np.array_equal(comparable(a), comparable(b)), f"{entry}: {jax.tree_util.keystr(path)} differs after resume"

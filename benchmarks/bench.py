@@ -1,7 +1,8 @@
 """modopt against optax (and torch.optim when installed) on the same work, in one process.
 
 Run `python benchmarks/bench.py` (full sizes; writes benchmarks/results.txt and results.json)
-or `python benchmarks/bench.py --size tiny` (the CI smoke run; writes nothing unless `--out`);
+or `python benchmarks/bench.py --size tiny` (small; writes nothing unless `--out`; `--size smoke`,
+cheaper still, is the test suite's run);
 `--cases 8` (or `4,8`) runs only those cases (and writes nothing unless `--out`).
 Each timing is the median of repeated runs after warm-up, with the runs being compared
 interleaved so that drift in the machine's load hits them alike. Cases:
@@ -70,6 +71,14 @@ SIZES = {
         "big": 4096, "leaves": 20, "leaf": 64, "tiny_leaf": 4, "repeats": 3, "width": 16,
         # Optimizers of three kinds of step (plain, with the loss value, with per-example gradients).
         "catalog": ("adamw", "polyak_sgd", "dpsgd"), "catalog_repeats": 3,
+    },
+    # The test suite's smoke run (tests/test_benchmarks.py): every case and every code path of
+    # tiny, the same three kinds of catalog step, one timing each (its cost is compiling: each
+    # compile case compiles its three steps once, not three times), and 8 leaves, the fewest
+    # that `Optimizer` steps as flat buffers (its grouped path, as in the full run).
+    "smoke": {
+        "big": 4096, "leaves": 8, "leaf": 64, "tiny_leaf": 4, "repeats": 1, "width": 16,
+        "catalog": ("adamw", "polyak_sgd", "dpsgd"), "catalog_repeats": 1, "compile_repeats": 1,
     },
 }  # fmt: skip
 
@@ -579,8 +588,9 @@ def run(size: str, cases: tuple[int, ...] = CASES) -> dict:
         results["4 MLP train step"] = mlp_case(s["width"], s["repeats"])
         timer("4")
     if 5 in cases:
-        results["5 compile, 100 leaves"] = compile_case(min(100, s["leaves"]), s["tiny_leaf"])
-        results["5 compile, 1000 leaves"] = compile_case(s["leaves"], s["tiny_leaf"])
+        compile_repeats = s.get("compile_repeats", 3)
+        results["5 compile, 100 leaves"] = compile_case(min(100, s["leaves"]), s["tiny_leaf"], compile_repeats)
+        results["5 compile, 1000 leaves"] = compile_case(s["leaves"], s["tiny_leaf"], compile_repeats)
         timer("5")
     if 6 in cases:
         results["6 traces"] = trace_case()

@@ -1,4 +1,5 @@
-"""The benchmark runs at a tiny size in CI, so it never rots. Checks structure, not timings."""
+"""The benchmark runs at its smoke size in CI (every case, every code path, one timing each), so
+it never rots. Checks structure, not timings."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import bench  # noqa: E402
 
 
 def test_benchmark_smoke_run(capsys, tmp_path):
-    results = bench.main(["--size", "tiny", "--out", str(tmp_path)])
+    results = bench.main(["--size", "smoke", "--out", str(tmp_path)])
     table = capsys.readouterr().out
     for case in ("1 one big array", "2 many 16k leaves", "3 many tiny leaves", "4 MLP train step",
                  "5 compile, 100 leaves", "5 compile, 1000 leaves"):
@@ -34,7 +35,7 @@ def test_benchmark_smoke_run(capsys, tmp_path):
     assert memory["aliased (reused) bytes"] == memory["params+state bytes"]
     assert memory["temporary bytes"] < memory["params+state bytes"]
     # A row per optimizer run, each with a ratio in the table.
-    for name in bench.SIZES["tiny"]["catalog"]:
+    for name in bench.SIZES["smoke"]["catalog"]:
         row = results["8 catalog"][name]
         assert row["modopt"] > 0 and row["optax"] > 0
         assert any(line.startswith(name) for line in table.splitlines())

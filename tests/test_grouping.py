@@ -33,18 +33,32 @@ def grads_at(step, params):
     return jax.tree.map(lambda p: jnp.cos(p * (step + 1.0)) + 0.1 * step, params)
 
 
-def run_steps(optimizer, params, entry=None, steps=3):
-    """`steps` jitted steps on the quadratic's gradient plus a drift (so moments differ)."""
+def _steps(optimizer, params, entry=None, steps=3):
+    """`steps` steps on the quadratic's gradient plus a drift (so moments differ), traced once:
+    a `fori_loop` compiles one step body where a Python loop would compile `steps` of them."""
+    dynamic, static = eqx.partition(optimizer, eqx.is_array)
 
-    @eqx.filter_jit
-    def run(params, optimizer):
-        for k in range(steps):
-            grads = jax.tree.map(jnp.add, jax.grad(quadratic)(params), grads_at(k, params))
-            extra = {} if entry is None else entry.args(quadratic(params), params)
-            params, optimizer = optimizer.step(params, grads, **extra)
-        return params, optimizer
+    def body(k, carry):
+        params, dynamic = carry
+        optimizer = eqx.combine(dynamic, static)
+        grads = jax.tree.map(jnp.add, jax.grad(quadratic)(params), grads_at(k, params))
+        extra = {} if entry is None else entry.args(quadratic(params), params)
+        params, optimizer = optimizer.step(params, grads, **extra)
+        new_dynamic, new_static = eqx.partition(optimizer, eqx.is_array)
+        assert eqx.tree_equal(new_static, static), "a step changed the optimizer's static part"
+        return params, new_dynamic
 
-    return run(params, optimizer)
+    params, dynamic = jax.lax.fori_loop(0, steps, body, (params, dynamic))
+    return params, eqx.combine(dynamic, static)
+
+
+# At module level, so that calls on trees of the same structure share one compile.
+_run_steps = eqx.filter_jit(_steps)
+
+
+def run_steps(optimizer, params, steps=3):
+    """`steps` jitted steps (see `_steps`)."""
+    return _run_steps(optimizer, params, steps=steps)
 
 
 ELEMENTWISE = [e for e in ENTRIES if e.make().acts_elementwise()]
@@ -92,9 +106,7 @@ def test_grouped_steps_give_the_leafwise_numbers(entry, few_small_leaves):
     leafwise = modopt.Optimizer(entry.make(), params, group_small_leaves=False)
     assert grouped.groups is not None and leafwise.groups is None
     # Both in one program: one compile per entry.
-    ours, theirs = eqx.filter_jit(lambda a, b: (run_steps(a, params, entry)[0], run_steps(b, params, entry)[0]))(
-        grouped, leafwise
-    )
+    ours, theirs = eqx.filter_jit(lambda a, b: (_steps(a, params, entry)[0], _steps(b, params, entry)[0]))(grouped, leafwise)
     # The two programs fuse differently (XLA may contract a multiply-add in one and not the
     # other), so they agree to float32 rounding, a few ulps after 3 steps; a piece cut from the
     # wrong place would be off by far more.

@@ -51,16 +51,25 @@ def reference():
         delattr(jax, name)
 
 
+# The draws are compiled once each (one program for every leaf, the step an argument): drawn
+# eagerly, every shape's `normal` compiled on its own. Same keys, so the same numbers.
+@jax.jit
 def make_params():
     keys = jax.random.split(jax.random.key(0), len(SHAPES))
     return {n: jax.random.normal(k, s) for k, (n, s) in zip(keys, SHAPES.items())}
 
 
-def make_grads(step, params):
+@jax.jit
+def _draw_grads(step):
     return {
-        n: jax.random.normal(jax.random.fold_in(jax.random.key(step + 1), j), p.shape)
-        for j, (n, p) in enumerate(params.items())
+        n: jax.random.normal(jax.random.fold_in(jax.random.key(step + 1), j), s)
+        for j, (n, s) in enumerate(SHAPES.items())
     }
+
+
+def make_grads(step, params):
+    assert {n: p.shape for n, p in params.items()} == SHAPES
+    return _draw_grads(step)
 
 
 def as_reference_blocks(tx, stacks, shape):
@@ -69,8 +78,9 @@ def as_reference_blocks(tx, stacks, shape):
     layout = tx.layout(shape)
     if layout is None:
         return []
+    stacks = [np.asarray(stack) for stack in stacks]  # sliced in NumPy, not by eager JAX ops
     return [
-        np.asarray(stacks[j][b])[: layout.valid[j][b], : layout.valid[j][b]]
+        stacks[j][b][: layout.valid[j][b], : layout.valid[j][b]]
         for b in range(layout.blocks)
         for j in range(len(layout.sizes))
     ]
@@ -305,7 +315,7 @@ def test_statistics_and_roots_match_numpy():
     beta2, eps = 0.9, 1e-3
     tx = modopt.scale_by_shampoo(4, beta2=beta2, matrix_epsilon=eps, best_effort_shape_interpretation=False)
     g = np.asarray(jax.random.normal(jax.random.key(3), (10, 7)), np.float64)
-    _, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, tx.init({"w": jnp.zeros((10, 7))}))
+    _, state = jax.jit(tx.update)({"w": jnp.asarray(g, jnp.float32)}, tx.init({"w": jnp.zeros((10, 7))}))
     stats, roots = state.statistics["w"], state.preconditioners["w"]
     for b, (r0, c0) in enumerate([(r, c) for r in range(0, 10, 4) for c in range(0, 7, 4)]):
         block = g[r0 : r0 + 4, c0 : c0 + 4]
@@ -326,12 +336,19 @@ def test_statistics_and_roots_match_numpy():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def their_root(reference):
+    """The reference's root, jitted: called eagerly, it traced and compiled its loops again at
+    every call. `p` and the epsilon mode are Python-level choices there; the rest is traced."""
+    return jax.jit(reference.matrix_inverse_pth_root, static_argnames=("p", "relative_matrix_epsilon"))
+
+
 def _rank_deficient(n, rank, seed):
     g = np.random.default_rng(seed).normal(size=(n, rank)).astype(np.float32)
     return g @ g.T
 
 
-def test_inverse_root_padding_is_the_reference_and_the_leading_block(reference):
+def test_inverse_root_padding_is_the_reference_and_the_leading_block(their_root):
     """`padding_start` gives the reference's padded root (same float32 computation) and, to float32
     accuracy, the root of the leading block alone (NumPy): zero in the padding."""
     m = _rank_deficient(5, 5, 0) + np.eye(5, dtype=np.float32)
@@ -339,7 +356,7 @@ def test_inverse_root_padding_is_the_reference_and_the_leading_block(reference):
     padded[:5, :5] = m
     for p in (2, 4):
         ours, error = matrix_inverse_pth_root(jnp.asarray(padded), p, padding_start=5)
-        theirs, _ = reference.matrix_inverse_pth_root(jnp.asarray(padded), p, padding_start=5)
+        theirs, _ = their_root(jnp.asarray(padded), p, padding_start=5)
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
         w, u = np.linalg.eigh(m.astype(np.float64))
         exact = (u * (w + 1e-6 * w[-1]) ** (-1.0 / p)) @ u.T
@@ -360,12 +377,10 @@ def test_inverse_root_padding_is_the_reference_and_the_leading_block(reference):
     assert np.all(np.asarray(roots[2]) == 0) and float(errors[2]) == 0
 
 
-def test_inverse_root_absolute_epsilon(reference):
+def test_inverse_root_absolute_epsilon(their_root):
     m = _rank_deficient(6, 3, 1)
     ours, _ = matrix_inverse_pth_root(jnp.asarray(m), 4, ridge_epsilon=1e-2, relative_epsilon=False)
-    theirs, _ = reference.matrix_inverse_pth_root(
-        jnp.asarray(m), 4, ridge_epsilon=1e-2, relative_matrix_epsilon=False
-    )
+    theirs, _ = their_root(jnp.asarray(m), 4, ridge_epsilon=1e-2, relative_matrix_epsilon=False)
     w, u = np.linalg.eigh(m.astype(np.float64))
     exact = (u * np.maximum(w + 1e-2, 1e-2) ** -0.25) @ u.T
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
@@ -373,7 +388,7 @@ def test_inverse_root_absolute_epsilon(reference):
 
 
 @pytest.mark.parametrize("num_iters,retries", [(2, 5), (5, 5), (8, 5), (16, 5)])
-def test_inverse_root_retries_like_the_reference(reference, num_iters, retries):
+def test_inverse_root_retries_like_the_reference(their_root, num_iters, retries):
     """Too few Newton steps leave a large error: each retry damps ten times more, as the
     reference does (6 attempts at most, error threshold 0.05); the same roots and errors."""
     q, _ = np.linalg.qr(np.random.default_rng(2).normal(size=(8, 8)))
@@ -381,7 +396,7 @@ def test_inverse_root_retries_like_the_reference(reference, num_iters, retries):
     m = jnp.asarray(m, jnp.float32)
     for p in (2, 4):
         ours, error = matrix_inverse_pth_root(m, p, num_iters=num_iters, max_retries=retries)
-        theirs, metrics = reference.matrix_inverse_pth_root(m, p, num_iters=num_iters)
+        theirs, metrics = their_root(m, p, num_iters=num_iters)
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
         np.testing.assert_allclose(error, metrics.inverse_pth_root_errors, rtol=1e-3, atol=1e-6)
     # No retries: the first attempt's larger error.
@@ -463,7 +478,7 @@ def test_missing_updates_pass_through():
     params = {"a": jnp.ones((6, 4)), "b": jnp.ones((5,))}
     tx = modopt.scale_by_shampoo(4, start_preconditioning_step=0)
     state = tx.init(params)
-    updates, new_state = tx.update({"a": None, "b": jnp.ones((5,))}, state, params)
+    updates, new_state = jax.jit(tx.update)({"a": None, "b": jnp.ones((5,))}, state, params)
     assert updates["a"] is None and updates["b"].shape == (5,)
     for field in ("statistics", "preconditioners", "momentum"):
         for x, y in zip(
@@ -475,7 +490,7 @@ def test_missing_updates_pass_through():
 def test_params_needed_only_for_weight_decay():
     grads = {"a": jnp.ones((6, 4))}
     tx = modopt.scale_by_shampoo(4)
-    tx.update(grads, tx.init(grads))  # no decay: no params needed
+    jax.jit(tx.update)(grads, tx.init(grads))  # no decay: no params needed
     decayed = modopt.scale_by_shampoo(4, weight_decay=0.1)
     with pytest.raises(ValueError, match="ScaleByShampoo.update needs the current parameters"):
         decayed.update(grads, decayed.init(grads))

@@ -53,11 +53,20 @@ class _PytreeMethod:
     def __init__(self, function: types.FunctionType):
         functools.update_wrapper(self, function)  # name, docstring, `__isabstractmethod__`
         self.__func__ = function
+        self._bound_fields: dict[str, Any] | None = None
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self.__func__
-        return _BoundMethod(self.__func__, with_constants_as_numbers(instance))
+        # Equinox builds a bound method through its module machinery (about half a millisecond,
+        # paid by every eager `tx.update(...)` and by every transform built, which validates its
+        # parts); the same object is assembled here from the fields Equinox gives it.
+        if self._bound_fields is None:
+            self._bound_fields = dict(_BoundMethod(self.__func__, _Probe()).__dict__)
+        bound = object.__new__(_BoundMethod)
+        bound.__dict__.update(self._bound_fields)
+        bound.__dict__["__self__"] = with_constants_as_numbers(instance)
+        return bound
 
 
 class Constant:

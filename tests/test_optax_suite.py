@@ -162,9 +162,27 @@ def deselections(files: tuple[str, ...]) -> list[str]:
     return [f"--departure={node}" for node in chosen]  # see optax_swap.departs
 
 
-@pytest.mark.parametrize("group", list(GROUPS))
+# The default groups run in one subprocess: a process start, `import jax`, optax's and modopt's
+# imports and the swap cost seconds each, and the small programs the files share (eager ops,
+# optax's helpers) compile once instead of once per group. Every file of every group still runs,
+# with the same deselections; optax's test files are written to run together in one session.
+DEFAULT = ("contrib", "tree", "namespaces")
+RUNS: dict[str, tuple[str, ...]] = {
+    "+".join(DEFAULT): tuple(file for group in DEFAULT for file in GROUPS[group]),
+    **{group: files for group, files in GROUPS.items() if group not in DEFAULT},
+}
+
+
+def test_default_groups_are_all_run():
+    assert set(DEFAULT) <= set(GROUPS)
+    listed = [file for files in RUNS.values() for file in files]
+    assert sorted(listed) == sorted(file for files in GROUPS.values() for file in files)
+    assert all((OPTAX / file).is_file() for file in listed), [f for f in listed if not (OPTAX / f).is_file()]
+
+
+@pytest.mark.parametrize("group", list(RUNS))
 def test_optax_own_tests_pass_against_modopt(group):
-    files = GROUPS[group]
+    files = RUNS[group]
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "optax_swap", "-p", "no:cacheprovider",
         "-o", "addopts=", "--rootdir", str(OPTAX), *[str(OPTAX / file) for file in files], *deselections(files),

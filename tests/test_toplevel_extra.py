@@ -326,10 +326,11 @@ def test_stateful_schedule_with_extra_args_equals_optax(maker):
     assert isinstance(ours, modopt.InjectStatefulHyperparams)
     state, their_state = jax.jit(ours.init)(params), jax.jit(theirs.init)(params)
     assert type(state).__name__ == type(their_state).__name__ == "InjectStatefulHyperparamsState"
+    update, their_update = jax.jit(ours.update), jax.jit(theirs.update)  # each compiled once
     for k in range(3):
         extra = {"addendum": jnp.float32(0.3 * (k + 1))}
-        updates, state = jax.jit(ours.update)(grads, state, params, **extra)
-        their_updates, their_state = jax.jit(theirs.update)(grads, their_state, params, **extra)
+        updates, state = update(grads, state, params, **extra)
+        their_updates, their_state = their_update(grads, their_state, params, **extra)
         assert_trees_equal(updates, their_updates)
         assert_trees_equal(state, their_state)
     np.testing.assert_allclose(state.hyperparams_states["step_size"].total, 1.8, rtol=1e-6)
@@ -368,10 +369,12 @@ PARAMS = [jnp.ones((2, 3)), jnp.full((4,), -0.5)]
 
 
 def _run(tx, steps=2):
+    # One jitted update for every step: a `jax.jit` made anew each step compiled it again.
+    update = jax.jit(tx.update)
     state = jax.jit(tx.init)(PARAMS)
     for k in range(steps):
         grads = jax.tree.map(lambda p: jnp.sin(p + k), PARAMS)
-        updates, state = jax.jit(tx.update)(grads, state, PARAMS)
+        updates, state = update(grads, state, PARAMS)
     return updates, state
 
 

@@ -121,10 +121,20 @@ def registry_explicit(*names: str) -> None:
 
 
 def registry_entry(name: str, kind: str) -> None:
-    """One registry entry, on the 2x4 mesh with parameters split over "model", then with ZeRO-1.
+    """One registry entry on the 2x4 mesh, the parameters split over "model", with ZeRO-1 (and,
+    on Explicit axes, also without).
 
     The derived shardings serve as `out_shardings` of a jitted init and a jitted, donated
     step; the arrays land as derived, and the steps equal the single-device steps.
+
+    On Auto axes the run with ZeRO-1 alone: its layout is the plain one with "data" added where
+    a dimension allows (`_with_axis`; a leaf no dimension of which allows it keeps the plain
+    spec), and nothing in the step depends on the layout there (sharding constraints only, no
+    typed shardings), so a plain run would repeat the ZeRO-1 run's check with fewer splits.
+    Both layouts are derived and checked for every entry in `test_registry.
+    test_state_placed_on_a_mesh`; below, each leaf of the ZeRO-1 state is checked against its
+    plain sharding. On Explicit axes the shardings are typed and the update runs under
+    `update_on_mesh`'s `auto_axes` with the state's own specs: there both layouts run.
     """
     entry = BY_NAME[name]
     tx = entry.make()
@@ -136,25 +146,30 @@ def registry_entry(name: str, kind: str) -> None:
     plain = modopt.sharding.shardings(abstract, param_shardings)
     zero = modopt.sharding.shardings(abstract, param_shardings, zero_axis="data")
 
-    for opt_shardings in (plain, zero):
+    for opt_shardings in (plain, zero) if kind == "explicit" else (zero,):
         params = jax.device_put(make_params(), param_shardings)
         optimizer = jax.jit(lambda p: modopt.Optimizer(tx, p), out_shardings=opt_shardings)(params)
+        assert_placed(optimizer, opt_shardings, "new optimizer")
         step = jax.jit(stepper(entry), out_shardings=(param_shardings, opt_shardings), donate_argnums=(0, 1))
         for i in range(STEPS):
             params, optimizer = step(params, optimizer, jax.device_put(make_grads(i), param_shardings))
             jax.block_until_ready((params, optimizer))
+        assert_placed(optimizer, opt_shardings, "optimizer after the steps")
         assert_close(params, reference_params, "params", tolerance)
         assert_close(optimizer.state, reference.state, "state", tolerance)
 
-    # ZeRO-1 halves (the data axis has 2 devices) what each device holds of the large leaves.
+    # ZeRO-1 halves (the data axis has 2 devices) what each device holds of every state leaf a
+    # dimension of whose plain shard the 2-way axis divides; a leaf with none (a scalar, an
+    # odd-length vector) stays as it was. Measured on the devices, for leaves of every size.
     for (path, leaf), plain_sharding in zip(
         jax.tree_util.tree_flatten_with_path(optimizer.state)[0], jax.tree_util.tree_leaves(plain.state)
     ):
-        # A leaf no dimension of which the 2-way axis divides stays whole (an odd-length vector).
-        if leaf.size >= 1024 and any(d % 2 == 0 for d in plain_sharding.shard_shape(leaf.shape)):
-            held = max(shard.data.nbytes for shard in leaf.addressable_shards)
-            unsplit = int(np.prod(plain_sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
-            assert held * 2 == unsplit, f"state{jax.tree_util.keystr(path)}: {held} bytes per device, {unsplit} without ZeRO"
+        held = max(shard.data.nbytes for shard in leaf.addressable_shards)
+        unsplit = int(np.prod(plain_sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+        halved = any(d % 2 == 0 for d in plain_sharding.shard_shape(leaf.shape))
+        assert held * (2 if halved else 1) == unsplit, (
+            f"state{jax.tree_util.keystr(path)}: {held} bytes per device, {unsplit} without ZeRO"
+        )
     print(f"ok {name} {kind}")
 
 
@@ -259,37 +274,53 @@ def created() -> None:
     print("ok created")
 
 
-def checkpoint(directory: str, action: str) -> None:
-    """Adam with ZeRO-1 on a (data, model) mesh of all this process's devices: `save` trains 3
-    steps and saves; `resume` restores onto this mesh, trains 3 more, and checks the result
-    against 6 steps on one device (within float tolerance: XLA fuses sharded steps differently)."""
+def checkpoint(directory: str, action: str, *devices: str) -> None:
+    """Adam with ZeRO-1 on a (data, model) mesh: `save` trains 3 steps on all 8 devices and
+    saves; `resume 4 1` (a new process, as after a restart) restores onto a mesh of 4 of its
+    devices and, separately, onto a mesh of 1, trains 3 more on each, and checks each result
+    against 6 steps on one device (within float tolerance: XLA fuses sharded steps differently).
+    The meshes of fewer devices than the process has stand for processes of that many devices
+    (Orbax places what it restores by the target's shardings alone); one process serves both
+    restores and the one-device reference."""
     from modopt.integrations.orbax import CheckpointManager
 
-    mesh = jax.make_mesh((2, DEVICES // 2) if DEVICES > 1 else (1, 1), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    param_shardings = named(mesh, SPECS)
     tx = modopt.adam(1e-2)
-    params = jax.device_put(make_params(), param_shardings)
-    optimizer = modopt.Optimizer(tx, params, shardings=param_shardings, zero_axis="data")
     step = eqx.filter_jit(lambda p, o, g: o.step(p, g), donate="all-except-first")
-    grads = lambda i: jax.device_put(make_grads(i), param_shardings)  # noqa: E731
-    with CheckpointManager(directory) as manager:
-        if action == "save":
-            for i in range(STEPS):
-                params, optimizer = step(params, optimizer, grads(i))
-                jax.block_until_ready(params)
+
+    def start(count):
+        mesh = jax.make_mesh((2, count // 2) if count > 1 else (1, 1), ("data", "model"), axis_types=(AxisType.Auto,) * 2,
+                             devices=jax.devices()[:count])  # fmt: skip
+        param_shardings = named(mesh, SPECS)
+        params = jax.device_put(make_params(), param_shardings)
+        optimizer = modopt.Optimizer(tx, params, shardings=param_shardings, zero_axis="data")
+        return param_shardings, params, optimizer
+
+    def train(param_shardings, params, optimizer, steps):
+        for i in steps:
+            params, optimizer = step(params, optimizer, jax.device_put(make_grads(i), param_shardings))
+            jax.block_until_ready(params)
+        return params, optimizer
+
+    if action == "save":
+        param_shardings, params, optimizer = start(DEVICES)
+        params, optimizer = train(param_shardings, params, optimizer, range(STEPS))
+        with CheckpointManager(directory) as manager:
             manager.save(STEPS, params=params, optimizer=optimizer)
-            print(f"ok saved on {DEVICES} devices")
-            return
-        restored = manager.restore(params=params, optimizer=optimizer)
-    params, optimizer = restored["params"], restored["optimizer"]
-    assert_placed(optimizer, modopt.sharding.shardings(optimizer, param_shardings, zero_axis="data"), "restored")
-    for i in range(STEPS, 2 * STEPS):
-        params, optimizer = step(params, optimizer, grads(i))
-        jax.block_until_ready(params)
+        print(f"ok saved on {DEVICES} devices")
+        return
     reference_params, reference = reference_run(tx, 2 * STEPS)
-    assert_close(params, reference_params, "params", 1e-6)
-    assert_close(optimizer.state, reference.state, "state", 1e-6)
-    print(f"ok resumed on {DEVICES} devices")
+    for count in map(int, devices):
+        param_shardings, params, optimizer = start(count)
+        with CheckpointManager(directory) as manager:
+            restored = manager.restore(params=params, optimizer=optimizer)
+        params, optimizer = restored["params"], restored["optimizer"]
+        expected = modopt.sharding.shardings(optimizer, param_shardings, zero_axis="data")
+        assert_placed(optimizer, expected, "restored")
+        assert {d.id for leaf in jax.tree.leaves(optimizer) for d in leaf.sharding.device_set} == set(range(count))
+        params, optimizer = train(param_shardings, params, optimizer, range(STEPS, 2 * STEPS))
+        assert_close(params, reference_params, "params", 1e-6)
+        assert_close(optimizer.state, reference.state, "state", 1e-6)
+        print(f"ok resumed on {count} devices")
 
 
 def flax_train_state() -> None:

@@ -9,3 +9,26 @@ sys.path.insert(0, os.path.dirname(__file__))
 # and trax tests). Set before any test module creates an array; subprocesses inherit it.
 if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false").strip()
+
+# Files whose tests run for tens of seconds each, mostly in subprocesses. They are collected
+# first: with `pytest -n 2` a long test handed out last keeps one worker busy while the other
+# has nothing left to do.
+LONG_FIRST = (
+    "test_sharded.py",
+    "test_multiprocess.py",
+    "test_references.py",
+    "test_optax_suite.py",
+    "test_benchmarks.py",
+    "test_beyond_optax_meshes.py",
+    "test_beyond_optax_bench.py",
+    "test_main_job.py",
+    ".ipynb",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = item.path.name
+        return next((i for i, suffix in enumerate(LONG_FIRST) if name.endswith(suffix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file is kept

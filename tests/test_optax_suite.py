@@ -20,7 +20,7 @@ optax = pytest.importorskip("optax")
 
 OPTAX = pathlib.Path(optax.__file__).parent
 HERE = pathlib.Path(__file__).parent
-TIMEOUT = 900
+TIMEOUT = 900 if os.environ.get("MODOPT_OPTAX_SUITE") != "all" else 3600  # all: alias_test.py alone runs for minutes
 
 # optax's test files by group, relative to the optax package.
 # The files that run by default: those of the families optax 0.2.8 has beyond the seeds'
@@ -147,6 +147,13 @@ DEPARTURES: dict[str, str] = {
     },
     "transforms/_freezing_test.py::FreezeTest::test_bad_structure_raises": MASK_MESSAGE,
     "transforms/_freezing_test.py::SelectiveTransformTest::test_selective_bad_structure": MASK_MESSAGE,
+    **{
+        f"_src/linear_algebra_test.py::LinearAlgebraTest::test_nnls{index}": (
+            "fails with optax 0.2.8 itself on jax 0.10 (the objective rises between two iteration counts for "
+            "m=10, n=21); modopt's nnls gives optax's numbers (test_projections.py)"
+        )
+        for index in (4, 5)
+    },
     **{
         f"_src/linear_algebra_test.py::LinearAlgebraTest::{name}": (
             "power_iteration returns the seeds' (eigenvector, eigenvalue); optax 0.2.8 returns (eigenvalue, "

@@ -25,6 +25,13 @@ def rosenbrock(x):
     return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
 
 
+def strong(state):
+    """`state` with its weakly typed scalars made strong. optax's line searches start with a
+    weakly typed `info` and return a strongly typed one, so their jitted step compiled twice, for
+    the same values; made strong from the start, once. The values and dtypes stay the same."""
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.result_type(x)) if isinstance(x, jax.Array) else x, state)
+
+
 def _stepper(tx, apply_updates, fn):
     @jax.jit
     def step(params, state):
@@ -37,7 +44,7 @@ def _stepper(tx, apply_updates, fn):
 
 def iterations_to_minimum(tx, apply_updates, x0, tolerance=1e-6, max_iterations=300):
     """The number of steps until every coordinate is within `tolerance` of the minimizer (1, ..., 1)."""
-    step, x, state = _stepper(tx, apply_updates, rosenbrock), x0, tx.init(x0)
+    step, x, state = _stepper(tx, apply_updates, rosenbrock), x0, strong(tx.init(x0))
     for k in range(1, max_iterations + 1):
         x, state = step(x, state)
         if float(jnp.max(jnp.abs(x - 1.0))) <= tolerance:
@@ -116,6 +123,7 @@ def test_states_and_linesearch_info_follow_optax(case):
     )
     our_x, their_x, our_state, their_state = x0, x0, ours.init(x0), theirs.init(x0)
     assert_states_close(our_state, their_state, f"{case} initial state")
+    their_state = strong(their_state)
     searched = 0
     for k in range(12):
         our_x, our_state = our_step(our_x, our_state)
@@ -163,7 +171,7 @@ def test_backtracking_descends_on_a_quadratic_like_optax(store_grad):
     our_step = _stepper(ours, modopt.apply_updates, ill_conditioned)
     their_step = _stepper(theirs, optax.apply_updates, ill_conditioned)
     x = their_x = jnp.zeros(4)
-    state, their_state = ours.init(x), theirs.init(x)
+    state, their_state = ours.init(x), strong(theirs.init(x))
     losses = [float(ill_conditioned(x))]
     for k in range(200):
         x, state = our_step(x, state)
@@ -226,7 +234,7 @@ def test_complex_parameters_like_optax():
         return step
 
     z0 = jnp.zeros(3, jnp.complex64)
-    z, their_z, state, their_state = z0, z0, ours.init(z0), theirs.init(z0)
+    z, their_z, state, their_state = z0, z0, ours.init(z0), strong(theirs.init(z0))
     our_step, their_step = stepper(ours), stepper(theirs)
     for k in range(6):
         z, state = our_step(z, state)
@@ -285,7 +293,7 @@ def test_optimizer_step_with_value_grad_and_value_fn_on_an_equinox_model():
         _stepper(oracle, optax.apply_updates, params_loss),
     )
     pure_params, pure_state = params, pure.init(params)
-    oracle_params, oracle_state = params, oracle.init(params)
+    oracle_params, oracle_state = params, strong(oracle.init(params))
 
     optimizer = modopt.Optimizer(modopt.lbfgs(), model)
     start = float(loss_fn(model))
@@ -354,7 +362,7 @@ def test_remaining_extra_arguments_reach_value_fn_as_in_optax():
             return step
 
         params = their_params = jnp.array([1.0, 2.0, 3.0])
-        state, their_state = ours.init(params), theirs.init(params)
+        state, their_state = ours.init(params), strong(theirs.init(params))
         our_step, their_step = stepper(ours), stepper(theirs)
         for _ in range(3):
             params, state = our_step(params, state, x, y)
@@ -493,24 +501,28 @@ for tx in (modopt.lbfgs(), modopt.lbfgs(memory_size=3, linesearch=modopt.scale_b
     mesh = w.make_mesh("auto")
     param_shardings = w.named(mesh, w.SPECS)
     abstract = eqx.filter_eval_shape(modopt.Optimizer, tx, w.make_params())
-    for zero_axis in (None, "data"):
-        shardings = modopt.sharding.shardings(abstract, param_shardings, zero_axis=zero_axis)
-        params = jax.device_put(w.make_params(), param_shardings)
-        optimizer = jax.jit(lambda p: modopt.Optimizer(tx, p), out_shardings=shardings)(params)
-        sharded_step = jax.jit(step, out_shardings=(param_shardings, shardings), donate_argnums=(0, 1))
-        for _ in range(w.STEPS):
-            params, optimizer = sharded_step(params, optimizer)
-            jax.block_until_ready((params, optimizer))
-        w.assert_placed(optimizer.state, shardings.state, "state")
-        w.assert_close(params, reference, "params", TOLERANCE)
-        w.assert_close(optimizer.state, ref_opt.state, "state", TOLERANCE)
+    # With ZeRO-1 only: on Auto axes its layout is the plain one with "data" added where a
+    # dimension allows, and nothing in the step depends on the layout (see
+    # `sharded_worker.registry_entry`); both layouts are derived and checked abstractly in
+    # `test_registry.test_state_placed_on_a_mesh`.
+    shardings = modopt.sharding.shardings(abstract, param_shardings, zero_axis="data")
+    params = jax.device_put(w.make_params(), param_shardings)
+    optimizer = jax.jit(lambda p: modopt.Optimizer(tx, p), out_shardings=shardings)(params)
+    sharded_step = jax.jit(step, out_shardings=(param_shardings, shardings), donate_argnums=(0, 1))
+    for _ in range(w.STEPS):
+        params, optimizer = sharded_step(params, optimizer)
+        jax.block_until_ready((params, optimizer))
+    w.assert_placed(optimizer.state, shardings.state, "state")
+    assert any("data" in str(s.spec) for s in jax.tree.leaves(shardings.state)), "ZeRO-1 split nothing"
+    w.assert_close(params, reference, "params", TOLERANCE)
+    w.assert_close(optimizer.state, ref_opt.state, "state", TOLERANCE)
     print("ok", type(tx.linesearch).__name__)
 """
 
 
 def test_lbfgs_with_line_searches_on_8_devices():
-    """L-BFGS with each line search on a (2, 4) mesh, plain and ZeRO-1, with real gradients:
-    the state lands as derived and the steps equal one device's."""
+    """L-BFGS with each line search on a (2, 4) mesh with ZeRO-1, with real gradients: the
+    state lands as derived and the steps equal one device's."""
     import os
     import subprocess
     import sys

@@ -5,6 +5,7 @@ bit-exact Orbax resume."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -28,20 +29,36 @@ SHAPES = {"matrix": (3, 5), "vector": (5,), "scalar": (), "cube": (2, 3, 4), "bi
 
 def make_params(dtype=jnp.float32, shapes=SHAPES):
     """Matrix, vector, scalar and 3-d leaves, plus a matrix large enough for Adafactor to factor."""
-    keys = jax.random.split(jax.random.key(0), len(shapes))
-    return {name: jax.random.normal(k, shape, dtype) for k, (name, shape) in zip(keys, shapes.items())}
+    return _copies(_params(dtype, tuple(shapes.items())))
 
 
 def make_grads(step, params):
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), len(params))
-    return {
-        name: jax.random.normal(k, p.shape, jnp.float32).astype(p.dtype)
-        for k, (name, p) in zip(keys, sorted(params.items()))
-    }
+    leaves = sorted(params.items())
+    return _copies(_grads(step, tuple((name, p.shape) for name, p in leaves), tuple(p.dtype for _, p in leaves)))
 
 
+# Drawn once per process (eagerly, each costs milliseconds); `make_params` and `make_grads` copy them.
+@functools.cache
+def _params(dtype, shapes: tuple) -> dict:
+    keys = jax.random.split(jax.random.key(0), len(shapes))
+    return {name: jax.random.normal(k, shape, dtype) for k, (name, shape) in zip(keys, shapes)}
+
+
+@functools.cache
+def _grads(step: int, shapes: tuple, dtypes: tuple) -> dict:
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), len(shapes))
+    return {name: jax.random.normal(k, shape, jnp.float32).astype(d) for k, (name, shape), d in zip(keys, shapes, dtypes)}
+
+
+def _copies(tree: dict) -> dict:
+    """Fresh buffers (a donated step deletes its arguments' buffers)."""
+    return {name: jnp.copy(x) for name, x in tree.items()}
+
+
+@jax.jit
 def quadratic(params):
-    """0.5 * sum_i a_i (x_i - 1)^2 with curvatures a in [0.5, 1.5]."""
+    """0.5 * sum_i a_i (x_i - 1)^2 with curvatures a in [0.5, 1.5] (jitted: it is computed
+    eagerly at every step of every entry, for the entries that take the loss value)."""
 
     def leaf(x):
         a = jnp.linspace(0.5, 1.5, x.size).reshape(x.shape)

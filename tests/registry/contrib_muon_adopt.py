@@ -39,6 +39,10 @@ ENTRIES: list[Entry] = [
         # Orthogonalized steps have a fixed spectral size, whatever the gradient's: crossing the
         # distance to the random 130x136 target takes a large rate and a few hundred steps.
         steps_to_converge=400,
+        # Five Newton-Schulz iterations amplify rounding: compiled without LLVM's optimizations
+        # (as the suite compiles, see conftest.py), one of the 17680 entries of the first
+        # eager step is 1e-5 (relative) off optax's jitted one.
+        tolerance=1e-5,
         own_rule=True,  # the momentum follows each matrix; count and coefficients replicated
     ),
     Entry(

@@ -29,15 +29,16 @@ SHAPES = {"matrix": (3, 5), "vector": (5,), "scalar": (), "cube": (2, 3, 4), "bi
 
 def make_params(dtype=jnp.float32, shapes=SHAPES):
     """Matrix, vector, scalar and 3-d leaves, plus a matrix large enough for Adafactor to factor."""
-    return _copies(_params(dtype, tuple(shapes.items())))
+    return copied(_params(dtype, tuple(shapes.items())))
 
 
 def make_grads(step, params):
     leaves = sorted(params.items())
-    return _copies(_grads(step, tuple((name, p.shape) for name, p in leaves), tuple(p.dtype for _, p in leaves)))
+    return copied(_grads(step, tuple((name, p.shape) for name, p in leaves), tuple(p.dtype for _, p in leaves)))
 
 
-# Drawn once per process (eagerly, each costs milliseconds); `make_params` and `make_grads` copy them.
+# Drawn once per process (eagerly, each costs milliseconds); `make_params` and `make_grads` hand
+# out copies, which a donated step may delete.
 @functools.cache
 def _params(dtype, shapes: tuple) -> dict:
     keys = jax.random.split(jax.random.key(0), len(shapes))
@@ -48,11 +49,6 @@ def _params(dtype, shapes: tuple) -> dict:
 def _grads(step: int, shapes: tuple, dtypes: tuple) -> dict:
     keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), len(shapes))
     return {name: jax.random.normal(k, shape, jnp.float32).astype(d) for k, (name, shape), d in zip(keys, shapes, dtypes)}
-
-
-def _copies(tree: dict) -> dict:
-    """Fresh buffers (a donated step deletes its arguments' buffers)."""
-    return {name: jnp.copy(x) for name, x in tree.items()}
 
 
 @jax.jit

@@ -169,15 +169,17 @@ def committed(tree):
 def test_steps_parity_one_trace_and_orbax_resume(entry: Entry, tmp_path):
     """Per entry, one compiled step serves every check:
 
-    - parity: updates and state equal optax's for 5 steps, jitted (and the first step eager),
-      state compared by field path (entries without an oracle: see `entry.reference`);
+    - parity: the initial state (eager; under jit it is traced) and the updates and state of
+      5 steps, jitted (and the first step eager), equal optax's, the state compared by field
+      path (entries without an oracle: see `entry.reference`);
     - one trace: the step traces once for a transform rebuilt with the same configuration and
       for one with a hyperparameter changed by `set` (a second time only where the change moves
       it to or from its field's identity, compiled in as a constant);
     - Orbax: the transform and its state after 2 steps, saved and restored into fresh ones,
       take 3 more steps equal bit for bit to 5 uninterrupted steps, without a new trace.
 
-    optax's trajectory is computed jitted (eagerly where a reference computes in NumPy)."""
+    optax's steps are computed jitted (eagerly where a reference computes in NumPy), its
+    initial state eagerly."""
     from modopt._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
     from modopt.integrations.orbax import CheckpointManager
 

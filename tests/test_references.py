@@ -8,7 +8,7 @@ XLA's compiler in a long-lived worker, it was followed twice by a segmentation f
 XLA compilation. The folder is left out of the suite's own collection (`--ignore` in
 pyproject's addopts) and runs here, in one subprocess.
 
-The folder compiles at XLA's default optimization level (`tests/references/conftest.py`).
+It compiles as the rest of the suite does (`tests/conftest.py`), but for one test that says why.
 """
 
 from __future__ import annotations

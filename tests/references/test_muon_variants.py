@@ -74,11 +74,11 @@ def torch_steps(cls, init=INIT, grads=GRADS, **kwargs):
     return history
 
 
-def our_steps(tx, init=INIT, grads=GRADS, layout=lambda x: x):
+def our_steps(tx, init=INIT, grads=GRADS, layout=lambda x: x, compiler_options=None):
     """modopt after each step: (params, the matrices' scale-by state), params in `layout`."""
     params = {k: jnp.asarray(layout(v)) for k, v in init.items()}
     state = tx.init(params)
-    update = jax.jit(tx.update)
+    update = jax.jit(tx.update, compiler_options=compiler_options)
     history = []
     for step_grads in grads:
         updates, state = update({k: jnp.asarray(layout(v)) for k, v in step_grads.items()}, state, params)
@@ -187,7 +187,11 @@ def test_adamuon_matches_pytorch_optimizer(float32_newton_schulz):
         adam_weight_decay=0.05,
         muon_weight_dimension_numbers=TORCH_DIMS,
     )
-    for step, ((params, state), (their_params, their_state)) in enumerate(zip(our_steps(tx), theirs)):
+    # Compiled at XLA's default optimization level, not the suite's level 0 (`tests/conftest.py`):
+    # the Newton-Schulz iterations amplify the difference in rounding past the tolerance
+    # (the second moment, 7e-5 relative at level 0).
+    ours = our_steps(tx, compiler_options={"xla_backend_optimization_level": 3})
+    for step, ((params, state), (their_params, their_state)) in enumerate(zip(ours, theirs)):
         for k in SHAPES:
             assert_close(params[k], their_params[k], f"{k} at step {step}")
         for k in MATRICES:

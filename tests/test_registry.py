@@ -283,7 +283,7 @@ def test_dtype_preserved(entry: Entry):
         except jax.errors.JAXTypeError:  # concretization or NumPy conversion of a tracer
             their_updates = first_update(entry.oracle())
     assert jax.tree.map(lambda x: x.dtype, updates) == jax.tree.map(lambda x: x.dtype, their_updates)
-    optimizer = modopt.Optimizer(ours, params)
+    optimizer = eqx.filter_eval_shape(modopt.Optimizer, ours, params)
     new_params, _ = eqx.filter_eval_shape(train_step, optimizer, params, grads, entry)
     assert all(p.dtype == jnp.bfloat16 for p in jax.tree.leaves(new_params))
 

@@ -19,22 +19,18 @@ from registry import ENTRIES
 # are checked in process on an abstract mesh (`test_registry.test_state_placed_on_a_mesh`).
 # Several entries share a worker process, which saves its start-up and jax import. The
 # entries are dealt round-robin into the groups: the costly ones (Shampoo, SOAP, Kron, GaLore,
-# each compiled twice: on one device and on the mesh) stand next to each other in the registry.
-# The Muon family orthogonalizes by Newton-Schulz iterations, which amplify rounding: its
-# entries compile with XLA's default CPU fusion emitters, the others with the elemental ones
-# of the rest of the suite (half the compile time), with which muon and muon_dion_adaptive
-# drifted from one device's run past their tolerances (see `sharded_worker`'s flags).
+# Muon, each compiled twice: on one device and on the mesh) stand next to each other in the
+# registry.
 OWN_RULE = [e.name for e in ENTRIES if e.own_rule]
-NEWTON_SCHULZ = [name for name in OWN_RULE if "muon" in name]
-WORKERS = 3
-GROUPS = [[name for name in OWN_RULE if name not in NEWTON_SCHULZ][i::WORKERS] for i in range(WORKERS)] + [NEWTON_SCHULZ]
+WORKERS = 4
+GROUPS = [OWN_RULE[i::WORKERS] for i in range(WORKERS)]
 
 WORKER = os.path.join(os.path.dirname(__file__), "sharded_worker.py")
 TIMEOUT = 600
 
 
-def run_worker(*args: str, devices: int = 8, fusion_emitters: bool = False) -> str:
-    env = {**os.environ, "MODOPT_TEST_DEVICES": str(devices), "MODOPT_TEST_FUSION_EMITTERS": str(int(fusion_emitters))}
+def run_worker(*args: str, devices: int = 8) -> str:
+    env = {**os.environ, "MODOPT_TEST_DEVICES": str(devices)}
     try:
         result = subprocess.run(
             [sys.executable, WORKER, *args], capture_output=True, text=True, timeout=TIMEOUT, env=env
@@ -50,7 +46,7 @@ def test_registry_entries_sharded_and_zero(names):
     """Derived shardings (with ZeRO-1) work as out_shardings of a jitted init and step, the
     arrays land there, ZeRO-1 halves each state leaf it can split, and the steps equal one
     device's (see `sharded_worker.registry_entry`)."""
-    output = run_worker("registry", *names, fusion_emitters=names == NEWTON_SCHULZ)
+    output = run_worker("registry", *names)
     for name in names:
         assert f"ok {name} auto" in output
 

@@ -37,6 +37,12 @@ LONG_FIRST = (
 )
 
 
+def pytest_configure(config):
+    import compile_report
+
+    compile_report.register(config)  # MODOPT_COMPILE_REPORT=1: where the time goes, by file
+
+
 def pytest_collection_modifyitems(config, items):
     def rank(item):
         name = item.path.name

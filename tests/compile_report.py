@@ -1,0 +1,96 @@
+"""Where the suite's time goes, per test file: `MODOPT_COMPILE_REPORT=1 python -m pytest -n 2`.
+
+Most of the suite's CPU is JAX compiling small programs (tracing, lowering to MLIR, XLA's
+backend compile). With the variable set, each test process records, per test, its wall time,
+its process CPU time (all its threads, not its subprocesses) and JAX's own durations of those
+three phases (`jax.monitoring` events), and the terminal summary adds a table by file, slowest
+first. A test whose wall time far exceeds its CPU time waits on a subprocess (whose CPU is not
+counted) or on I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pathlib
+import tempfile
+import time
+
+import jax
+import pytest
+
+VARIABLE = "MODOPT_COMPILE_REPORT"
+# JAX's events, by the column that shows their seconds (and their count, for backend compiles).
+PHASES = {
+    "trace": "/jax/core/compile/jaxpr_trace_duration",
+    "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "compile": "/jax/core/compile/backend_compile_duration",
+}
+
+
+class CompileReport:
+    """The pytest plugin: registered by `conftest.py` in the controller and in every worker."""
+
+    def __init__(self, directory: pathlib.Path):
+        self.directory = directory
+        self.seconds: collections.Counter = collections.Counter()
+        self.rows: list[dict] = []
+        jax.monitoring.register_event_duration_secs_listener(self._record)
+
+    def _record(self, event: str, duration: float, **_) -> None:
+        self.seconds[event] += duration
+        self.seconds[event + "#"] += 1
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item):
+        before, wall, cpu = dict(self.seconds), time.perf_counter(), time.process_time()
+        yield
+        row = {"file": item.nodeid.split("::")[0], "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+        for column, event in PHASES.items():
+            row[column] = self.seconds[event] - before.get(event, 0.0)
+        row["programs"] = self.seconds[PHASES["compile"] + "#"] - before.get(PHASES["compile"] + "#", 0)
+        self.rows.append(row)
+
+    def pytest_sessionfinish(self, session):
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (self.directory / f"{worker}.json").write_text(json.dumps(self.rows))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        by_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for path in self.directory.glob("*.json"):
+            for row in json.loads(path.read_text()):
+                totals = by_file[row.pop("file")]
+                totals.update(row)
+                totals["tests"] += 1
+        if not by_file:
+            return
+        columns = ("tests", "wall", "cpu", "programs", "compile", "lower", "trace")
+        write = terminalreporter.write_line
+        terminalreporter.section("where the time goes (seconds summed over tests, by file)")
+        write(f"{'file':48} " + " ".join(f"{c:>8}" for c in columns))
+        everything: collections.Counter = collections.Counter()
+        for file, totals in sorted(by_file.items(), key=lambda item: -item[1]["wall"]):
+            everything.update(totals)
+            write(f"{file:48} " + " ".join(_cell(totals[c]) for c in columns))
+        write(f"{'all':48} " + " ".join(_cell(everything[c]) for c in columns))
+
+
+def _cell(value: float) -> str:
+    return f"{value:8.0f}" if float(value).is_integer() else f"{value:8.1f}"
+
+
+def register(config) -> None:
+    """Registers the report when `MODOPT_COMPILE_REPORT` is set: `1` (a temporary folder that
+    the controller creates and its workers inherit) or a folder that keeps each process's rows."""
+    setting = os.environ.get(VARIABLE)
+    if not setting:
+        return
+    if setting == "1":
+        setting = os.environ[VARIABLE] = tempfile.mkdtemp(prefix="modopt-compile-report-")
+    directory = pathlib.Path(setting)
+    directory.mkdir(parents=True, exist_ok=True)
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: a kept folder's rows of an earlier run go
+        for stale in directory.glob("*.json"):
+            stale.unlink()
+    config.pluginmanager.register(CompileReport(directory), "modopt-compile-report")

@@ -81,11 +81,9 @@ def _cell(value: float) -> str:
 
 
 def register(config) -> None:
-    """Registers the report when `MODOPT_COMPILE_REPORT` is set: `1` (a temporary folder that
-    the controller creates and its workers inherit) or a folder that keeps each process's rows."""
-    setting = os.environ.get(VARIABLE)
-    if not setting:
-        return
+    """Registers the report; `MODOPT_COMPILE_REPORT` is `1` (a temporary folder that the
+    controller creates and its workers inherit) or a folder that keeps each process's rows."""
+    setting = os.environ[VARIABLE]
     if setting == "1":
         setting = os.environ[VARIABLE] = tempfile.mkdtemp(prefix="modopt-compile-report-")
     directory = pathlib.Path(setting)

@@ -38,9 +38,10 @@ LONG_FIRST = (
 
 
 def pytest_configure(config):
-    import compile_report
+    if os.environ.get("MODOPT_COMPILE_REPORT"):  # where the time goes, by file: see compile_report.py
+        import compile_report
 
-    compile_report.register(config)  # MODOPT_COMPILE_REPORT=1: where the time goes, by file
+        compile_report.register(config)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +129,34 @@ def _one_level(tree: Any) -> tuple[list[Any], Any]:
     return jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
 
 
+def _by_structure(index: Callable[..., dict]) -> Callable[..., dict]:
+    """`index(tx, *flags)`, kept per pytree structure of `tx` (its classes, static fields and
+    the places of its arrays), of which an index of names and getters is a function alone: a
+    `set` or a read of the hyperparameters does not rebuild a composite's parts each time. A
+    transform with traced leaves, or whose structure cannot be hashed, is indexed anew. The
+    index returned is shared: read it, do not change it."""
+    cache: dict[Any, dict] = {}
+
+    @functools.wraps(index)
+    def cached(tx: Any, *flags: Any, **named_flags: Any) -> dict:
+        leaves, structure = jax.tree_util.tree_flatten(tx)
+        key = (structure, flags, tuple(named_flags.items()))
+        try:
+            found = cache.get(key)
+        except TypeError:  # a static field that cannot be hashed
+            return index(tx, *flags, **named_flags)
+        if found is None:
+            found = index(tx, *flags, **named_flags)
+            if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # (its getters may hold parts)
+                if len(cache) >= 512:
+                    cache.clear()
+                cache[key] = found
+        return found
+
+    return cached
+
+
+@_by_structure
 def _state_index(tx: AbstractTransform, all_paths: bool = False) -> dict[str, Callable[[Any], Any]]:
     """The hyperparameters that live in the state, found through every part, with getters from
     the whole state. Short names where unique, qualified by the parts' names otherwise."""
@@ -294,6 +323,7 @@ def _same_type(value: jax.Array, old: jax.Array) -> jax.Array:
 Getter = Callable[[Any], Any]
 
 
+@_by_structure
 def _hyperparameter_index(tx: Any, all_paths: bool = False, with_fields: bool = False) -> dict[str, tuple]:
     """Maps each hyperparameter's name to (getter of its value, getters of the modules holding
     it, from the root to its own module), and with `with_fields` its dataclass field (`None`

@@ -161,6 +161,27 @@ def test_set_refuses_a_change_of_structure():
         with_momentum.set(momentum=None)
 
 
+def test_set_indexes_a_structure_once_and_reads_each_optimizer_own_values(monkeypatch):
+    """The names `set` and `hyperparameters` find depend on the transform's structure alone, so
+    they are indexed once per structure: a second `set` on an optimizer of the same structure
+    builds no composite's parts. Its values are still its own, not those of the optimizer
+    first indexed, and a new value is still validated."""
+    first = modopt.Optimizer(modopt.adamw(1e-3, b1=0.8, weight_decay=0.1), PARAMS).set(learning_rate=1e-4)
+    builds = []
+    build = modopt.AdamW.build
+    monkeypatch.setattr(modopt.AdamW, "build", lambda self: builds.append(1) or build(self))
+    second = modopt.Optimizer(modopt.adamw(2e-3, b1=0.7, weight_decay=0.2), PARAMS)
+    builds.clear()  # those of its construction (whose checks build the parts)
+    changed = second.set(learning_rate=5e-4)
+    assert builds == []
+    assert {name: float(value) for name, value in modopt.hyperparameters(changed.tx).items()} == pytest.approx(
+        {"learning_rate": 5e-4, "b1": 0.7, "b2": 0.999, "eps": 1e-8, "eps_root": 0.0, "weight_decay": 0.2}
+    )
+    assert float(first.tx.b1.value) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match=re.escape("Invalid b1: 1.5 (must be in [0, 1)) in AdamW.")):
+        second.set(b1=1.5)
+
+
 def test_negative_weight_decay_is_accepted_as_optax_does():
     ours, theirs = modopt.add_decayed_weights(-0.1), optax.add_decayed_weights(-0.1)
     a, _ = ours.update(PARAMS, ours.init(PARAMS), PARAMS)

@@ -14,6 +14,7 @@ import collections
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 import time
 
@@ -32,8 +33,8 @@ PHASES = {
 class CompileReport:
     """The pytest plugin: registered by `conftest.py` in the controller and in every worker."""
 
-    def __init__(self, directory: pathlib.Path):
-        self.directory = directory
+    def __init__(self, directory: pathlib.Path, temporary: bool):
+        self.directory, self.temporary = directory, temporary
         self.seconds: collections.Counter = collections.Counter()
         self.rows: list[dict] = []
         jax.monitoring.register_event_duration_secs_listener(self._record)
@@ -75,6 +76,10 @@ class CompileReport:
             write(f"{file:48} " + " ".join(_cell(totals[c]) for c in columns))
         write(f"{'all':48} " + " ".join(_cell(everything[c]) for c in columns))
 
+    def pytest_unconfigure(self, config):
+        if self.temporary and "PYTEST_XDIST_WORKER" not in os.environ:  # the controller, last
+            shutil.rmtree(self.directory, ignore_errors=True)
+
 
 def _cell(value: float) -> str:
     return f"{value:8.0f}" if float(value).is_integer() else f"{value:8.1f}"
@@ -84,11 +89,12 @@ def register(config) -> None:
     """Registers the report; `MODOPT_COMPILE_REPORT` is `1` (a temporary folder that the
     controller creates and its workers inherit) or a folder that keeps each process's rows."""
     setting = os.environ[VARIABLE]
-    if setting == "1":
+    temporary = setting == "1"
+    if temporary:
         setting = os.environ[VARIABLE] = tempfile.mkdtemp(prefix="modopt-compile-report-")
     directory = pathlib.Path(setting)
     directory.mkdir(parents=True, exist_ok=True)
     if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller: a kept folder's rows of an earlier run go
         for stale in directory.glob("*.json"):
             stale.unlink()
-    config.pluginmanager.register(CompileReport(directory), "modopt-compile-report")
+    config.pluginmanager.register(CompileReport(directory, temporary), "modopt-compile-report")

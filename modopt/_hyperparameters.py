@@ -18,6 +18,7 @@ from ._fields import Rate, as_hyperparameter, as_rate, complex_violation, field_
 from ._fields import validate_hyperparameters
 from ._module import Constant, constant_at
 from .schedules._base import AbstractSchedule, as_schedule, is_schedule
+from .schedules._exact import is_traced
 from .schedules._schedules import ConstantSchedule
 
 
@@ -147,7 +148,7 @@ def _by_structure(index: Callable[..., dict]) -> Callable[..., dict]:
             return index(tx, *flags, **named_flags)
         if found is None:
             found = index(tx, *flags, **named_flags)
-            if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # (its getters may hold parts)
+            if not is_traced(*leaves):  # `_state_index`'s getters hold the parts built from these leaves
                 if len(cache) >= 512:
                     cache.clear()
                 cache[key] = found

@@ -190,6 +190,10 @@ class ScaleByRadam(AbstractTransform):
         b2_t = self.b2**count
         rho = rho_inf - 2 * count * b2_t / (1 - b2_t)
         r = jnp.sqrt((rho - 4.0) * (rho - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho))
+        # Two scalars, computed once: left to fusion, XLA:CPU copied their chain into every
+        # leaf's elementwise loop, which cost 10% of a step with runtime hyperparameters
+        # (measured: benchmark case 8's radam row, 1.15x optax's step as a jit argument, 1.04x with this).
+        r, tractable = jax.lax.optimization_barrier((r, rho >= self.threshold))
         mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.b1, count, self.nesterov)
         rectified = moment_ratio(
             jax.tree_util.tree_map(lambda m: r.astype(m.dtype) * m, mu_hat),
@@ -197,7 +201,6 @@ class ScaleByRadam(AbstractTransform):
             self.eps,
             self.eps_root,
         )
-        tractable = rho >= self.threshold
         new_updates = jax.tree_util.tree_map(lambda u, m: jnp.where(tractable, u, m), rectified, mu_hat)
         new_updates = in_update_dtype(new_updates, updates, self.mu_dtype, self.nu_dtype)
         return new_updates, ScaleByAdamState(count=count, mu=store(mu, self.mu_dtype), nu=store(nu, self.nu_dtype))

@@ -43,7 +43,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 # torch's OpenMP threads would otherwise spin after each of its runs, slowing whatever runs next.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -393,9 +393,30 @@ def _per_example(params, grads):
     return jax.tree.map(lambda g: jnp.broadcast_to(g, (4, *g.shape)), grads), {}
 
 
-def _same(name: str, *args: Any, **kwargs: Any):
-    """`modopt.name(*args)` and `optax.name(*args)`."""
-    return (lambda: getattr(modopt, name)(*args, **kwargs), lambda: getattr(optax, name)(*args, **kwargs), None)
+class Entry(NamedTuple):
+    """A catalog row's optimizers, built alike: modopt's, optax's, and optax's with its
+    hyperparameters as arrays of its state (`optax.inject_hyperparams`: optax's way to change one
+    without compiling again, as modopt's transform does as an argument); and the extra work a step
+    needs (`None`: none; else a function of `(params, grads)` giving the gradients and the extra
+    arguments `update` takes)."""
+
+    ours: Callable[[], Any]
+    theirs: Callable[[], Any]
+    injected: Callable[[], Any]
+    extra_args: Callable | None = None
+
+
+def _same(name: str, *args: Any, extra_args: Callable | None = None, static: tuple = (), **kwargs: Any) -> Entry:
+    """`modopt.name(*args, **kwargs)`, `optax.name(...)` (or `optax.contrib.name`) alike, and
+    optax's with its hyperparameters injected (those named in `static` kept static: numbers that
+    shapes depend on, which `inject_hyperparams` would otherwise trace)."""
+    theirs = getattr(optax, name, None) or getattr(optax.contrib, name)
+    return Entry(
+        lambda: _quiet(lambda: getattr(modopt, name)(*args, **kwargs)),
+        lambda: _quiet(lambda: theirs(*args, **kwargs)),
+        lambda: _quiet(lambda: optax.inject_hyperparams(theirs, static_args=static)(*args, **kwargs)),
+        extra_args,
+    )
 
 
 def _quiet(make: Callable[[], Any]) -> Any:
@@ -405,35 +426,22 @@ def _quiet(make: Callable[[], Any]) -> Any:
         return make()
 
 
-# Every named optimizer optax also has (the lowercase constructors of `modopt.optimizers`), with its optax
-# counterpart built alike, and the extra work a step needs (`None`: none; else a function of
-# `(params, grads)` giving the gradients and extra arguments `update` takes).
-CATALOG: dict[str, tuple[Callable[[], Any], Callable[[], Any], Callable | None]] = {
+# Every named optimizer optax also has (the lowercase constructors of `modopt.optimizers`).
+CATALOG: dict[str, Entry] = {
     **{
         name: _same(name, 1e-3)
         for name in (
-            "adabelief", "adadelta", "adafactor", "adagrad", "adam", "adamax", "adamaxw", "adamw", "adan",
+            "adabelief", "adadelta", "adagrad", "adam", "adamax", "adamaxw", "adamw", "adan",
             "amsgrad", "fromage", "lamb", "lars", "lion", "nadam", "nadamw", "novograd", "optimistic_adam_v2",
             "optimistic_gradient_descent", "radam", "rmsprop", "rprop", "sgd", "sign_sgd", "signum", "sm3", "yogi",
         )
     },
-    "optimistic_adam": (
-        lambda: _quiet(lambda: modopt.optimistic_adam(1e-3, optimism=1e-3)),
-        lambda: _quiet(lambda: optax.optimistic_adam(1e-3, optimism=1e-3)),
-        None,
-    ),
-    "noisy_sgd": (
-        lambda: modopt.noisy_sgd(1e-3, key=jax.random.key(0)),
-        lambda: optax.noisy_sgd(1e-3, key=jax.random.key(0)),
-        None,
-    ),
-    "polyak_sgd": (modopt.polyak_sgd, optax.polyak_sgd, _value),
-    "lbfgs": (modopt.lbfgs, optax.lbfgs, _line_search),
-    "dpsgd": (
-        lambda: modopt.dpsgd(1e-3, 1.0, 1.1, seed=0),
-        lambda: _quiet(lambda: optax.contrib.dpsgd(1e-3, 1.0, 1.1, 0)),
-        _per_example,
-    ),
+    "adafactor": _same("adafactor", 1e-3, static=("min_dim_size_to_factor", "dtype_momentum")),
+    "optimistic_adam": _same("optimistic_adam", 1e-3, optimism=1e-3),
+    "noisy_sgd": _same("noisy_sgd", 1e-3, key=jax.random.key(0), static=("key",)),
+    "polyak_sgd": _same("polyak_sgd", extra_args=_value),
+    "lbfgs": _same("lbfgs", extra_args=_line_search, static=("memory_size",)),
+    "dpsgd": _same("dpsgd", 1e-3, 1.0, 1.1, seed=0, extra_args=_per_example, static=("seed",)),
 }  # fmt: skip
 
 
@@ -452,36 +460,38 @@ def catalog_case(width: int, repeats: int, names: tuple[str, ...] | None = None)
     "modopt arguments" passes the transform as an argument of the jitted step, so that a new
     hyperparameter value does not compile again (its scalars cross the jit boundary per call);
     "modopt jit_step" is the documented pattern, `optimizer.step` in `modopt.jit_step`, which
-    also builds the new `Optimizer` object each step.
+    also builds the new `Optimizer` object each step. "optax injected" is optax's way to the
+    same freedom as "modopt arguments": `optax.inject_hyperparams`, its hyperparameters arrays
+    of its state.
     """
     params = mlp_params(width)
     grads = jax.tree.map(lambda p: 1e-2 * jnp.cos(p), params)
     results = {}
     for name in names or sorted(CATALOG):
-        make_ours, make_theirs, extra_args = CATALOG[name]
-        ours_tx, pure_tx, theirs_tx = make_ours(), make_ours(), make_theirs()
+        entry = CATALOG[name]
+        extra_args = entry.extra_args
+        ours_tx, pure_tx, theirs_tx, injected_tx = entry.ours(), entry.ours(), entry.theirs(), entry.injected()
 
         @modopt.jit_step
         def documented(params, optimizer, grads, extra_args=extra_args):
             grads, extra = extra_args(params, grads) if extra_args else (grads, {})
             return optimizer.step(params, grads, **extra)
 
-        ported, _ = optax_step(pure_tx, extra_args, library=modopt)
-        arguments, _ = modopt_step(pure_tx, extra_args)
-        theirs, _ = optax_step(theirs_tx, extra_args)
-        copy = lambda: jax.tree.map(jnp.copy, params)  # noqa: E731
+        steps = {
+            "modopt": (optax_step(pure_tx, extra_args, library=modopt)[0], pure_tx),
+            "optax": (optax_step(theirs_tx, extra_args)[0], theirs_tx),
+            "modopt arguments": (modopt_step(pure_tx, extra_args)[0], pure_tx),
+            "optax injected": (optax_step(injected_tx, extra_args)[0], injected_tx),
+        }
         # Every state leaf its own buffer (an init may put one array in two places): all are donated.
         owned = lambda tx, params: jax.tree.map(jnp.copy, tx.init(params))  # noqa: E731
-        ours_params, ported_params, arguments_params, their_params = copy(), copy(), copy(), copy()
-        results[name] = compare(
-            {
-                "modopt": Loop(ported, ported_params, owned(pure_tx, ported_params), grads),
-                "optax": Loop(theirs, their_params, owned(theirs_tx, their_params), grads),
-                "modopt arguments": Loop(arguments, arguments_params, owned(pure_tx, arguments_params), grads),
-                "modopt jit_step": Loop(documented, ours_params, modopt.Optimizer(ours_tx, ours_params), grads),
-            },
-            repeats,
-        )
+        runs = {}
+        for key, (step, tx) in steps.items():
+            step_params = jax.tree.map(jnp.copy, params)
+            runs[key] = Loop(step, step_params, owned(tx, step_params), grads)
+        ours_params = jax.tree.map(jnp.copy, params)
+        runs["modopt jit_step"] = Loop(documented, ours_params, modopt.Optimizer(ours_tx, ours_params), grads)
+        results[name] = compare(runs, repeats)
     return results
 
 
@@ -680,18 +690,19 @@ def catalog_table(results: dict) -> list[str]:
     lines.append(
         "modopt: optax's step function with modopt's transform (a port by one import); arguments: the transform "
         "an argument of the jitted step (a new hyperparameter value does not compile again); jit_step: "
-        "optimizer.step in modopt.jit_step (the documented pattern)"
+        "optimizer.step in modopt.jit_step (the documented pattern); optax injected: optax.inject_hyperparams "
+        "(optax's way not to compile again), next to which arguments/injected is the ratio"
     )
-    columns = ("modopt", "modopt arguments", "modopt jit_step")
-    header = "".join(f" {title:>12s} {'ratio':>7s}" for title in ("modopt", "arguments", "jit_step"))
-    lines.append(f"{'optimizer':28s} {'optax':>12s}{header}")
+    columns = {"modopt": "modopt", "modopt arguments": "arguments", "modopt jit_step": "jit_step", "optax injected": "injected"}
+    header = "".join(f" {title:>12s} {'ratio':>7s}" for title in columns.values())
+    lines.append(f"{'optimizer':28s} {'optax':>12s}{header} {'arguments/injected':>19s}")
     for name, row in catalog.items():
         cells = "".join(f" {_fmt(row[key]):>12s} {row[key] / row['optax']:7.2f}" for key in columns)
         flag = "  <- slower than optax by more than 10%" if row["modopt"] / row["optax"] > 1.10 else ""
-        lines.append(f"{name:28s} {_fmt(row['optax']):>12s}{cells}{flag}")
-    mean = lambda key: float(np.exp(np.mean([np.log(r[key] / r["optax"]) for r in catalog.values()])))  # noqa: E731
+        lines.append(f"{name:28s} {_fmt(row['optax']):>12s}{cells} {row['modopt arguments'] / row['optax injected']:19.2f}{flag}")
+    mean = lambda key, over="optax": float(np.exp(np.mean([np.log(r[key] / r[over]) for r in catalog.values()])))  # noqa: E731
     means = "".join(f" {'':12s} {mean(key):7.2f}" for key in columns)
-    lines.append(f"{'geometric mean':28s} {'':12s}{means}")
+    lines.append(f"{'geometric mean':28s} {'':12s}{means} {mean('modopt arguments', 'optax injected'):19.2f}")
     return lines
 
 

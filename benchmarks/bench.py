@@ -20,7 +20,8 @@ interleaved so that drift in the machine's load hits them alike. Cases:
 6. traces when the learning rate changes and when the same optimizer is rebuilt;
 7. memory of the donated step against params + grads + state (does it run in place?);
 8. every named optimizer of the catalog against its optax counterpart, on the parameter tree
-   of the MLP of case 4, as a ratio;
+   of the MLP of case 4, as a ratio; with the hyperparameters runtime arrays (a new value does
+   not compile again), modopt's transform as an argument against `optax.inject_hyperparams`;
 9. a train step of the same MLP written in Flax NNX (when Flax is installed): modopt's
    `NnxOptimizer` against Flax's `nnx.Optimizer` with optax's adam, both under `nnx.jit` (the
    pattern of Flax's guides) and both in `nnx.cached_partial` (the pattern Flax's performance

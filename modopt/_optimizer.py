@@ -30,6 +30,7 @@ from ._signature import ModelSignature
 from ._trees import is_none
 from ._updates import apply_updates
 from .combinators._diagnostics import diagnostics
+from .sharding._owners import owner_mesh
 from .sharding._shardings import Layout, derive_layout, update_on_mesh
 
 
@@ -204,14 +205,15 @@ class Optimizer(Module):
         batch = _batch_size(grads) if per_example else None
         offloaded = self.state_memory_kind is not None
         state, compensation = to_device((self.state, self.compensation)) if offloaded else (self.state, self.compensation)
-        updates, state = update_in_layout(
-            self.tx,
-            self.groups,
-            _filled(params, grads, batch),
-            state,
-            params,
-            lambda grads, state, params: update_on_mesh(self.tx, grads, state, params, extra_args),
-        )
+        with owner_mesh(*self._placed(params, state)):  # per-matrix work on owners (modopt.sharding)
+            updates, state = update_in_layout(
+                self.tx,
+                self.groups,
+                _filled(params, grads, batch),
+                state,
+                params,
+                lambda grads, state, params: update_on_mesh(self.tx, grads, state, params, extra_args),
+            )
         if per_example:
             _check_reduced(self.tx, updates, params)
         # A `None` gradient leaves its parameter (and its compensation buffer) as they were.
@@ -230,6 +232,16 @@ class Optimizer(Module):
             state, compensation = to_host((state, compensation))
         new_model = eqx.combine(new_params, rest)
         return new_model, self._replace(state=state, count=safe_increment(self.count), compensation=compensation)
+
+    def _placed(self, params: Any, state: Any) -> tuple[Any, list]:
+        """The mesh and the (array, PartitionSpec) pairs of the parameters and state being
+        stepped, for the owner scheme of matrix optimizers (none without shardings)."""
+        if self.layout is None:
+            return None, []
+        pairs = list(zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(self.layout.params)))
+        state_shardings = jax.tree_util.tree_structure(state).flatten_up_to(self.layout.state)
+        pairs += list(zip(jax.tree_util.tree_leaves(state), state_shardings))
+        return self.layout.mesh, [(x, s.spec) for x, s in pairs]
 
     def __repr__(self):
         """A summary: the transform with its hyperparameters, the step, the state's size.

@@ -38,6 +38,8 @@ from ..transforms._newton_schulz import matrix_axes as matrix_axes
 from ..transforms._newton_schulz import matrix_axes_per_leaf as matrix_axes_per_leaf
 from ..transforms._newton_schulz import newton_schulz as newton_schulz
 from ..transforms._newton_schulz import orthogonalize as orthogonalize
+from ..transforms._newton_schulz import orthogonalize_leaves
+from ..sharding._owners import specs_of
 from .._fields import Scalar
 from jax.typing import DTypeLike
 from .._masks import MaskOrFn
@@ -139,10 +141,8 @@ class ScaleByMuon(AbstractTransform):
         count = safe_increment(state.count)
         mu_hat = debiased_mu(mu, widen(updates, self.mu_dtype), self.beta, count, self.nesterov)
         flat, treedef = jax.tree_util.tree_flatten(mu_hat)
-        ortho = [
-            orthogonalize(m, leaf_axes, self.ns_coeffs, self.ns_steps, self.preconditioning, self.eps)
-            for m, leaf_axes in zip(flat, axes)
-        ]
+        specs = specs_of(state.mu, params)  # where each leaf lies on a mesh (its owner takes it from there)
+        ortho = orthogonalize_leaves(flat, axes, self.ns_coeffs, self.ns_steps, self.preconditioning, self.eps, specs)
         if self.adaptive:  # <M, O> O: the dual norm of the momentum along O
             ortho = [jnp.sum(m.conj() * o) * o for m, o in zip(flat, ortho)]
         # The state records the coefficients used (a copy: it must not alias the transform).

@@ -32,6 +32,7 @@ from .._moments import (
 from .._numerics import safe_increment
 from .._specs import REPLICATED, padded
 from .._trees import abs_sq
+from ..sharding._owners import specs_of
 from ._newton_schulz import (
     DEFAULT_NS_COEFFS,
     PRECONDITIONINGS,
@@ -40,7 +41,7 @@ from ._newton_schulz import (
     check_ns_coeffs,
     fans,
     matrix_axes_per_leaf,
-    orthogonalize,
+    orthogonalize_leaves,
     shape_of,
 )
 from .._fields import Scalar
@@ -112,7 +113,7 @@ class _AbstractMuonVariant(AbstractTransform):
     def _axes(self, tree: Any) -> list[Any]:
         return matrix_axes_per_leaf(self.weight_dimension_numbers, tree, self._owner)
 
-    def _orthogonalized(self, updates: Any, state: Any, signed: bool = False):
+    def _orthogonalized(self, updates: Any, state: Any, params: Any, signed: bool = False):
         """`(axes, new momentum, [O per leaf], treedef, count)`: the momentum step and
         Newton-Schulz on each matrix (of the sign of the momentum where `signed`), each `O` in
         the dtype of the update (the gradient's, promoted with the state dtypes that are set)."""
@@ -120,16 +121,15 @@ class _AbstractMuonVariant(AbstractTransform):
         mu = widened_update_moment(updates, state.mu, self.beta, 1, self.mu_dtype)
         look = _look_ahead(widen(updates, self.mu_dtype), mu, self.beta, self.nesterov)
         flat, treedef = jax.tree_util.tree_flatten(look)
+        signs = [jnp.sign(m) for m in flat] if signed else flat
         ortho = [
-            orthogonalize(
-                jnp.sign(m) if signed else m,
-                leaf_axes,
-                self.ns_coeffs,
-                self.ns_steps,
-                self.preconditioning,
-                self.eps,
-            ).astype(update_dtype(g.dtype, self.mu_dtype, self.nu_dtype))
-            for m, g, leaf_axes in zip(flat, jax.tree_util.tree_leaves(updates), axes)
+            o.astype(update_dtype(g.dtype, self.mu_dtype, self.nu_dtype))
+            for o, g in zip(
+                orthogonalize_leaves(
+                    signs, axes, self.ns_coeffs, self.ns_steps, self.preconditioning, self.eps, specs_of(state.mu, params)
+                ),
+                jax.tree_util.tree_leaves(updates),
+            )
         ]
         return axes, store(mu, self.mu_dtype), ortho, treedef, safe_increment(state.count)
 
@@ -215,7 +215,7 @@ class ScaleByNorMuon(_AbstractMuonVariant):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        axes, mu, ortho, treedef, count = self._orthogonalized(updates, state)
+        axes, mu, ortho, treedef, count = self._orthogonalized(updates, state, params)
         new_nu, out = [], []
         for o, old_nu, leaf_axes in zip(ortho, jax.tree_util.tree_leaves(state.nu), axes):
             row = jnp.mean(abs_sq(o), axis=leaf_axes[1], keepdims=True)
@@ -325,7 +325,7 @@ class ScaleByAdaMuon(_AbstractMuonVariant):
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        axes, mu, ortho, treedef, count = self._orthogonalized(updates, state, self.sign_stabilization)
+        axes, mu, ortho, treedef, count = self._orthogonalized(updates, state, params, self.sign_stabilization)
         nu = widened_update_moment_per_elem_norm(treedef.unflatten(ortho), state.nu, self.b2, 2, self.nu_dtype)
         nu_hat = jax.tree_util.tree_leaves(bias_correction(nu, self.b2, count))
         out = [

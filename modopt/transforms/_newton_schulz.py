@@ -22,6 +22,7 @@ from .._base import AbstractTransform, init_empty_state
 from .._checks import prefix_difference
 from .._fields import StaticTree, as_static_tree, hyperparameter, static
 from .._fields import Scalar
+from ..sharding._owners import LeafUnits, UnitMap, UnitStacks, current_mesh, matrix_map, run_per_unit
 
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 NS_COEFFS_PRESETS = {
@@ -223,9 +224,20 @@ def newton_schulz(
     return x.T if transposed else x
 
 
+def matrix_units(shape: tuple[int, ...], axes: tuple[tuple[int, ...], ...], *, swap: bool = False) -> UnitMap:
+    """The matrices of a weight of `shape` as units `(batch, rows, cols)`: its batch axes
+    flattened, its reduction axes flattened into rows, its output axes into columns (`swap`:
+    each matrix transposed)."""
+    return matrix_map(tuple(shape), *axes, swap=swap)
+
+
 # Compiled as one program also when called eagerly, so its rounding matches jitted code (the
 # iteration amplifies rounding differences in the small singular values).
-@functools.partial(jax.jit, static_argnames=("axes", "ns_steps", "preconditioning"), inline=True)
+@functools.partial(jax.jit, static_argnames=("ns_steps", "preconditioning"), inline=True)
+def _newton_schulz_stack(units: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any) -> jax.Array:
+    return jax.vmap(lambda m: newton_schulz(m, ns_coeffs, ns_steps, preconditioning, eps))(units)
+
+
 def orthogonalize(
     x: jax.Array,
     axes: tuple[tuple[int, ...], ...],
@@ -234,14 +246,53 @@ def orthogonalize(
     preconditioning: str,
     eps: Any,
 ) -> jax.Array:
-    """`newton_schulz` on each matrix of `x`: its batch axes, then reduction axes (flattened into
-    rows), then output axes (flattened into columns); the result laid out as `x`."""
-    batch, reduction, output = axes
-    order = batch + reduction + output
-    sizes = [math.prod(x.shape[a] for a in group) for group in axes]
-    matrices = jnp.transpose(x, order).reshape(sizes)
-    done = jax.vmap(lambda m: newton_schulz(m, ns_coeffs, ns_steps, preconditioning, eps))(matrices)
-    return jnp.transpose(done.reshape([x.shape[a] for a in order]), tuple(int(a) for a in np.argsort(order)))
+    """`newton_schulz` on each matrix of `x` (see `matrix_units`); the result laid out as `x`."""
+    units = matrix_units(x.shape, axes)
+    return units.from_units(_newton_schulz_stack(units.to_units(x), ns_coeffs, ns_steps, preconditioning, eps))
+
+
+def orthogonalize_leaves(
+    leaves: list[jax.Array],
+    axes: list[tuple[tuple[int, ...], ...]],
+    ns_coeffs: jax.Array,
+    ns_steps: int,
+    preconditioning: str,
+    eps: Any,
+    specs: list[Any] | None = None,
+) -> list[jax.Array]:
+    """`orthogonalize` on every leaf; on a mesh, each matrix on one owner device.
+
+    On a mesh (`modopt.sharding`'s owner scheme), the matrices of all leaves are stacked by
+    shape, a matrix taller than wide as its transpose (Newton-Schulz transposes it anyway:
+    the numbers are the same), and each stack is split over the devices: each matrix moves to
+    its owner and its orthogonalization back, and no device repeats another's iterations.
+    Without a mesh, `orthogonalize` leaf by leaf.
+
+    Args:
+        leaves: the arrays to orthogonalize.
+        axes: each leaf's `(batch, reduction, output)` axes.
+        ns_coeffs, ns_steps, preconditioning, eps: as in `newton_schulz`.
+        specs: each leaf's `PartitionSpec` on the mesh, where known (`modopt.sharding.spec_of`).
+    """
+    mesh = current_mesh()
+    if mesh is None:
+        return [orthogonalize(x, a, ns_coeffs, ns_steps, preconditioning, eps) for x, a in zip(leaves, axes)]
+    specs = [None] * len(leaves) if specs is None else specs
+    work, kinds = [], []
+    for x, a, spec in zip(leaves, axes, specs):
+        units = matrix_units(x.shape, a)
+        rows, cols = units.unit_shape
+        units = units._replace(swap=rows > cols)
+        work.append(LeafUnits((x,), units, spec))
+        kinds.append(None if x.size == 0 else (units.unit_shape, jnp.result_type(x)))
+
+    def newton_schulz_stacks(kinds, pieces, states):
+        return [(_newton_schulz_stack(x, ns_coeffs, ns_steps, preconditioning, eps),) for (x,) in pieces], states
+
+    stacks = UnitStacks(kinds, [leaf.units.count for leaf in work])
+    done, _ = run_per_unit(newton_schulz_stacks, stacks, [w if k is not None else None for w, k in zip(work, kinds)], None, mesh)
+    # A leaf without elements has nothing to orthogonalize.
+    return [x if result is None else result[0] for x, result in zip(leaves, done)]
 
 
 def as_ns_coeffs(value: Any) -> Any:

@@ -1,0 +1,554 @@
+"""One owner per matrix: the per-matrix work of many leaves, stacked by kind and split over a mesh.
+
+Matrix optimizers (the Muon family, Shampoo, SOAP, PSGD Kron) do work that needs whole
+matrices: Newton-Schulz iterations, eigendecompositions, inverse roots, triangular solves.
+Left to XLA's partitioner on sharded parameters, that work is either gathered to every device
+and computed N times, or split with collectives inside every iteration. Here instead:
+
+1. each leaf is cut into *units* (a matrix, a slice of a batched weight, a Shampoo block) by
+   a `UnitMap`: a leaf of shape `s` becomes an array `(count, *unit_shape)`;
+2. units of the same *kind* (the transform says what a kind is: their shape, and whatever
+   else changes their computation) are concatenated into one stack per kind (`UnitStacks`);
+3. on a mesh, each stack is split along its stack axis over the mesh's devices, so every unit
+   has one owner device; each unit's parts move to its owner in one all-to-all (`run_per_unit`
+   first lays every unit's local parts out alike, from the parameter's sharding, so that the
+   stack's move is one collective);
+4. the transform's work runs on the stacks, each device on the whole units it owns;
+5. the results come back the same way, laid out as they came.
+
+State that belongs to units (Shampoo's statistics, SOAP's eigenbases, Kron's factors) is kept
+stacked in the optimizer state, on its owners (the spec `OWNED`), and never moves. A stored
+stack's length is its number of units, whatever the mesh, so a checkpoint restores onto any
+mesh; it is split over the mesh axes whose product is the largest divisor of that length
+(`owner_axes`), and replicated over the others. A stack without state is padded with zero
+units to a multiple of the device count and split over all of them.
+
+Without a mesh (or on one device), `run_per_unit` hands the transform each leaf's own units:
+the single-device code path, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .._specs import padded
+
+
+@dataclasses.dataclass
+class _Context:
+    mesh: Any
+    specs: dict[int, PartitionSpec]
+    keep: list  # the arrays whose ids key `specs`, alive while the context is
+
+
+_CONTEXT: contextvars.ContextVar[_Context | None] = contextvars.ContextVar("modopt_owners", default=None)
+
+
+@contextlib.contextmanager
+def owner_mesh(mesh: Any, placed: Iterable[tuple[Any, PartitionSpec]] = ()) -> Iterator[None]:
+    """Within this context, transforms traced give their per-matrix work owners on `mesh`.
+
+    `placed` pairs arrays being traced (parameters, state leaves) with their `PartitionSpec`s,
+    so that a transform can say how its inputs are laid out (`spec_of`). `modopt.Optimizer.step`
+    enters it with its shardings; outside it, the mesh set with `jax.set_mesh` is used, if any.
+    """
+    pairs = [(x, s) for x, s in placed if isinstance(s, PartitionSpec)]
+    token = _CONTEXT.set(_Context(mesh, {id(x): s for x, s in pairs}, [x for x, _ in pairs]))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def current_mesh() -> Any:
+    """The mesh the per-matrix work is split over, or `None` (no mesh, or a single device)."""
+    context = _CONTEXT.get()
+    mesh = None if context is None else context.mesh
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh is None or mesh.empty:
+            return None
+    return mesh if mesh.size > 1 else None
+
+
+def spec_of(x: Any) -> PartitionSpec | None:
+    """The `PartitionSpec` of an array being traced in an `owner_mesh` context, if it says."""
+    context = _CONTEXT.get()
+    return None if context is None else context.specs.get(id(x))
+
+
+def specs_of(*trees: Any) -> list[PartitionSpec | None]:
+    """Per leaf of the first tree, the `PartitionSpec` of the first of `trees` (with its
+    structure, or `None`) whose leaf at that place has one (`spec_of`)."""
+    flat = [jax.tree_util.tree_leaves(tree) if tree is not None else None for tree in trees]
+    out = []
+    for i in range(len(flat[0])):
+        found = (spec_of(leaves[i]) for leaves in flat if leaves is not None and i < len(leaves))
+        out.append(next((spec for spec in found if spec is not None), None))
+    return out
+
+
+def owner_axes(count: int, mesh: Any) -> tuple[str, ...]:
+    """The mesh axes a stored stack of `count` units is split over: of all sets of axes, the one
+    whose product is the largest divisor of `count` (the fewest axes, then the first in the
+    mesh's order, on ties), in the mesh's order."""
+    names = [name for name in mesh.axis_names if mesh.shape[name] > 1]
+    best: tuple[str, ...] = ()
+    for size in range(1, len(names) + 1):
+        for axes in itertools.combinations(names, size):
+            ways = math.prod(mesh.shape[a] for a in axes)
+            if count % ways == 0 and ways > math.prod(mesh.shape[a] for a in best):
+                best = axes
+    return best
+
+
+def _spec(axes: Sequence[str]) -> PartitionSpec:
+    return PartitionSpec(tuple(axes) if len(axes) > 1 else axes[0]) if axes else PartitionSpec()
+
+
+def owner_spec(count: int, mesh: Any) -> PartitionSpec:
+    """The `PartitionSpec` of a stored stack of `count` units on `mesh` (see `owner_axes`)."""
+    return _spec(owner_axes(count, mesh))
+
+
+def _owner_layout(count: int, mesh: Any, pad: bool) -> tuple[tuple[str, ...], int]:
+    """The axes a stack of `count` units is split over, and its length once padded: with `pad`,
+    every axis and a multiple of the device count; without, `owner_axes` and `count`."""
+    if not pad:
+        return owner_axes(count, mesh), count
+    axes = tuple(name for name in mesh.axis_names if mesh.shape[name] > 1)
+    return axes, -(-count // mesh.size) * mesh.size
+
+
+class UnitMap(NamedTuple):
+    """How a leaf is cut into units: an array `(count, *unit_shape)`.
+
+    The leaf's axes are permuted (`perm`), consecutive axes merged (`groups`: how many go into
+    each merged dimension), each merged dimension `j` zero-padded to `pieces[j] * sizes[j]`
+    and cut into `pieces[j]` parts of `sizes[j]` (Shampoo's blocks; one part for none). The
+    units are the parts, in row-major order of their grid; a dimension listed in `counted` is
+    cut into parts of size one and leaves the unit's shape (a batch axis). `swap` transposes
+    the last two axes of each unit.
+    """
+
+    shape: tuple[int, ...]
+    perm: tuple[int, ...]
+    groups: tuple[int, ...]
+    pieces: tuple[int, ...]
+    sizes: tuple[int, ...]
+    counted: tuple[int, ...] = ()
+    swap: bool = False
+
+    @property
+    def merged(self) -> tuple[int, ...]:
+        permuted = [self.shape[a] for a in self.perm]
+        out, start = [], 0
+        for size in self.groups:
+            out.append(math.prod(permuted[start : start + size]))
+            start += size
+        return tuple(out)
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.pieces)
+
+    @property
+    def unit_shape(self) -> tuple[int, ...]:
+        shape = [s for j, s in enumerate(self.sizes) if j not in self.counted]
+        return (*shape[:-2], shape[-1], shape[-2]) if self.swap else tuple(shape)
+
+    def _padding(self) -> list[tuple[int, int]]:
+        return [(0, n * s - d) for n, s, d in zip(self.pieces, self.sizes, self.merged)]
+
+    def _blocked(self) -> bool:
+        return any(n > 1 for j, n in enumerate(self.pieces) if j not in self.counted)
+
+    def to_units(self, x: jax.Array) -> jax.Array:
+        """The leaf `x` as its stack of units, `(count, *unit_shape)`."""
+        if self.perm != tuple(range(len(self.perm))):
+            x = jnp.transpose(x, self.perm)
+        x = x.reshape(self.merged)
+        if any(after for _, after in self._padding()):
+            x = jnp.pad(x, self._padding())
+        if self._blocked():
+            k = len(self.merged)
+            x = x.reshape([v for pair in zip(self.pieces, self.sizes) for v in pair])
+            x = x.transpose([2 * j for j in range(k)] + [2 * j + 1 for j in range(k)])
+        units = x.reshape((self.count, *[s for j, s in enumerate(self.sizes) if j not in self.counted]))
+        return jnp.swapaxes(units, -1, -2) if self.swap else units
+
+    def from_units(self, units: jax.Array) -> jax.Array:
+        """The inverse of `to_units`: a stack of units back as an array of the leaf's shape."""
+        if self.swap:
+            units = jnp.swapaxes(units, -1, -2)
+        k = len(self.merged)
+        if self._blocked():
+            x = units.reshape((*self.pieces, *self.sizes))
+            x = x.transpose([i for j in range(k) for i in (j, k + j)])
+            x = x.reshape([n * s for n, s in zip(self.pieces, self.sizes)])
+        else:
+            x = units.reshape([n * s for n, s in zip(self.pieces, self.sizes)])
+        if any(after for _, after in self._padding()):
+            x = x[tuple(slice(0, d) for d in self.merged)]
+        x = x.reshape([self.shape[a] for a in self.perm])
+        if self.perm != tuple(range(len(self.perm))):
+            x = jnp.transpose(x, tuple(int(a) for a in np.argsort(self.perm)))
+        return x
+
+    def unit_axes(self, spec: PartitionSpec, mesh: Any) -> tuple[tuple[str, ...], ...] | None:
+        """The mesh axes each unit dimension is split over when the leaf is laid out as `spec`,
+        or `None` if the units' parts are not whole along the unit dimensions (the split falls
+        on the stack axis, inside a merge, or on padding)."""
+        entries = [_names(e) for e in padded(spec, len(self.shape))]
+        permuted = [entries[a] for a in self.perm]
+        sizes = [self.shape[a] for a in self.perm]
+        merged_entries, start = [], 0
+        for size in self.groups:
+            split = [i for i in range(start, start + size) if permuted[i]]
+            if len(split) > 1 or (split and any(sizes[i] > 1 for i in range(start, split[0]))):
+                return None  # a split that is not the leading part of its merged dimension
+            merged_entries.append(permuted[split[0]] if split else ())
+            start += size
+        unit = []
+        for j, names in enumerate(merged_entries):
+            if j in self.counted:
+                if names:
+                    return None
+                continue
+            if names and (self.pieces[j] > 1 or self.sizes[j] % math.prod(mesh.shape[a] for a in names)):
+                return None
+            unit.append(names)
+        return (*unit[:-2], unit[-1], unit[-2]) if self.swap and len(unit) >= 2 else tuple(unit)
+
+
+def _names(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def matrix_map(shape: tuple[int, ...], batch: tuple[int, ...], rows: tuple[int, ...], cols: tuple[int, ...], *, swap: bool = False) -> UnitMap:
+    """The units of a weight whose `batch` axes index matrices of `rows` x `cols` (each a tuple
+    of axes, flattened in order): `(prod(batch), rows, cols)` (columns first with `swap`)."""
+    perm = (*batch, *rows, *cols)
+    merged = [math.prod(shape[a] for a in group) for group in (batch, rows, cols)]
+    return UnitMap(tuple(shape), perm, (len(batch), len(rows), len(cols)), (merged[0], 1, 1), (1, merged[1], merged[2]), (0,), swap)
+
+
+def whole_map(shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...] | None = None, perm: tuple[int, ...] | None = None) -> UnitMap:
+    """One unit per leaf, its axes (permuted by `perm`) merged by `groups` (consecutive runs of
+    the permuted axes; default: none merged)."""
+    perm = tuple(range(len(shape))) if perm is None else tuple(perm)
+    sizes = [len(g) for g in groups] if groups is not None else [1] * len(shape)
+    merged, start = [], 0
+    for size in sizes:
+        merged.append(math.prod(shape[a] for a in perm[start : start + size]))
+        start += size
+    return UnitMap(tuple(shape), perm, tuple(sizes), (1,) * len(merged), tuple(merged))
+
+
+class UnitStacks:
+    """Which stack each leaf's units go to, and where.
+
+    Built from a kind per leaf (`None` for a leaf without units) and the number of units each
+    leaf has. Leaves of one kind stack together, in the order of the leaves; the stacks are in
+    the order their kinds first appear. Only shapes and kinds decide it, so the stacks of
+    `init` and of every `update` agree, on any mesh.
+
+    Args:
+        kinds: per leaf, a hashable kind, or `None`.
+        counts: per leaf, its number of units (ignored where the kind is `None`).
+    """
+
+    def __init__(self, kinds: Sequence[Hashable | None], counts: Sequence[int]):
+        members: dict[Hashable, list[int]] = {}
+        for leaf, kind in enumerate(kinds):
+            if kind is not None:
+                members.setdefault(kind, []).append(leaf)
+        self.kinds = tuple(members)
+        self.members = tuple(tuple(leaves) for leaves in members.values())
+        self.counts = tuple(int(c) if k is not None else 0 for k, c in zip(kinds, counts))
+        self.leaf_kinds = tuple(kinds)
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def size(self, stack: int) -> int:
+        """The number of units in stack `stack`."""
+        return sum(self.counts[leaf] for leaf in self.members[stack])
+
+    def stack(self, per_leaf: Sequence[Any]) -> list[Any]:
+        """Per stack, its members' arrays (or pytrees of arrays) concatenated along axis 0."""
+        return [_concatenate([per_leaf[leaf] for leaf in leaves]) for leaves in self.members]
+
+    def unstack(self, per_stack: Sequence[Any]) -> list[Any]:
+        """Per leaf, its rows of its stack's array, or of every array of its stack's pytree
+        (`None` for a leaf without units)."""
+        out: list[Any] = [None] * len(self.leaf_kinds)
+        for leaves, tree in zip(self.members, per_stack):
+            start = 0
+            for leaf in leaves:
+                end = start + self.counts[leaf]
+                out[leaf] = jax.tree_util.tree_map(lambda x, start=start, end=end: x[start:end], tree)
+                start = end
+        return out
+
+
+def _concatenate(trees: list[Any]) -> Any:
+    return trees[0] if len(trees) == 1 else jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *trees)
+
+
+class LeafUnits(NamedTuple):
+    """A leaf's inputs to the per-matrix work: arrays shaped like the leaf, how they are cut into
+    units, and how the leaf is laid out on the mesh (`None` if unknown)."""
+
+    arrays: tuple[jax.Array, ...]
+    units: UnitMap
+    spec: PartitionSpec | None = None
+
+
+StackFn = Callable[[Sequence[Hashable], list[tuple[jax.Array, ...]], list[Any]], tuple[list[tuple[jax.Array, ...]], list[Any]]]
+
+
+def run_per_unit(
+    fn: StackFn,
+    stacks: UnitStacks,
+    leaves: Sequence[LeafUnits | None],
+    state: Sequence[Any] | None = None,
+    mesh: Any = None,
+) -> tuple[list[tuple[jax.Array, ...] | None], list[Any] | None]:
+    """Runs a transform's per-matrix work `fn` on the units of every leaf, on their owners.
+
+    `fn(kinds, xs, states)` takes lists with one entry per piece of work: its kind, a tuple of
+    input arrays `(units, *unit_shape)` (one per array of `LeafUnits.arrays`), and its state (a
+    pytree of arrays with the leading unit axis, or `None`). It returns the list of output
+    tuples (each `(units, *unit_shape)`) and the list of new states. It is called once, so the
+    transform can put conditionals (refresh steps) around all of its work.
+
+    - On a mesh of several devices, a piece is a whole stack of `stacks`, split over the
+      devices: every unit's work runs on its owner, the inputs and outputs move there and
+      back, the state stays. A stack without state is padded with zero units to a multiple
+      of the device count (their outputs are dropped).
+    - Without one, a piece is one leaf's units (with its rows of its stack's state): the
+      single-device code path, unchanged.
+
+    Args:
+        fn: the per-matrix work, as above.
+        stacks: which leaves' units stack together (`None` kinds where `leaves` has `None`).
+        leaves: per leaf, its `LeafUnits`, or `None` for a leaf without units.
+        state: per stack, the state of its units (`None`: no state).
+        mesh: the mesh (`current_mesh()`), or `None`.
+
+    Returns:
+        Per leaf, the tuple of its outputs shaped like the leaf (`None` for a leaf without
+        units), and per stack its new state (`None` if `state` was).
+    """
+    if mesh is None:
+        order = [leaf for members in stacks.members for leaf in members]
+        rows = stacks.unstack(state) if state is not None else [None] * len(leaves)
+        outs, new = fn(
+            [stacks.leaf_kinds[leaf] for leaf in order],
+            [tuple(leaves[leaf].units.to_units(x) for x in leaves[leaf].arrays) for leaf in order],
+            [rows[leaf] for leaf in order],
+        )
+        per_leaf: list[Any] = [None] * len(leaves)
+        new_rows: list[Any] = [None] * len(leaves)
+        for leaf, out, leaf_state in zip(order, outs, new):
+            per_leaf[leaf] = tuple(leaves[leaf].units.from_units(y) for y in out)
+            new_rows[leaf] = leaf_state
+        return per_leaf, None if state is None else stacks.stack(new_rows)
+
+    states = list(state) if state is not None else [None] * len(stacks)
+    moves = [_Move(stacks, s, leaves, mesh, pad=states[s] is None) for s in range(len(stacks))]
+    pieces = [move.to_owners() for move in moves]
+    placed = [None if st is None else _constrain(st, move.owner_sharding) for st, move in zip(states, moves)]
+    outs, new = fn(list(stacks.kinds), pieces, placed)
+    per_leaf = [None] * len(leaves)
+    for move, out in zip(moves, outs):
+        for leaf, arrays in move.from_owners(out).items():
+            per_leaf[leaf] = arrays
+    new_states = None if state is None else [_constrain(st, move.owner_sharding) for st, move in zip(new, moves)]
+    return per_leaf, new_states
+
+
+def _constrain(tree: Any, sharding: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
+
+
+class _Move:
+    """One stack's way to its owners and back.
+
+    Each member's units are laid out so that every device holds the same kind of part of
+    every unit: each unit dimension split over mesh axes (`layout`, from the leaf's sharding
+    where it is known, refined so that all members use the same axes), then packed into
+    `(units, parts, part_size)` with the parts along the stack's common axes (`_pack`). The
+    stack of those moves to `(units over owners, parts, part_size)` in one all-to-all and is
+    unpacked there, member by member's layout; the way back is the reverse.
+    """
+
+    def __init__(self, stacks: UnitStacks, stack: int, leaves: Sequence[LeafUnits | None], mesh: Any, pad: bool):
+        self.mesh = mesh
+        self.members = stacks.members[stack]
+        self.leaves = [leaves[leaf] for leaf in self.members]
+        self.counts = [stacks.counts[leaf] for leaf in self.members]
+        self.unit_shape = self.leaves[0].units.unit_shape
+        self.size = sum(self.counts)
+        axes, self.length = _owner_layout(self.size, mesh, pad)
+        self.owner_sharding = NamedSharding(mesh, _spec(axes))
+        self.layouts = _common_layouts(self.leaves, self.unit_shape, mesh)
+        self.common = () if self.layouts is None else tuple(a for a in mesh.axis_names if any(a in d for d in self.layouts[0]))
+
+    def _sharding(self, *entries: Any) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec(*entries))
+
+    def to_owners(self) -> tuple[jax.Array, ...]:
+        inputs = []
+        for position in range(len(self.leaves[0].arrays)):
+            parts = []
+            for i, leaf in enumerate(self.leaves):
+                x = leaf.arrays[position]
+                if self.layouts is not None and leaf.spec is not None:
+                    x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, leaf.spec))
+                units = leaf.units.to_units(x)
+                if self.layouts is not None:
+                    units = jax.lax.with_sharding_constraint(units, self._sharding(None, *map(_entry, self.layouts[i])))
+                    units = jax.lax.with_sharding_constraint(_pack(units, self.layouts[i], self.mesh), self._sharding(None, _entry(self.common)))
+                parts.append(units)
+            stacked = _pad(_concatenate(parts), self.length)
+            stacked = jax.lax.with_sharding_constraint(stacked, self.owner_sharding)
+            inputs.append(self._unpack_all(stacked) if self.layouts is not None else stacked)
+        return tuple(inputs)
+
+    def from_owners(self, outputs: Sequence[jax.Array]) -> dict[int, tuple[jax.Array, ...]]:
+        per_leaf: dict[int, list] = {leaf: [] for leaf in self.members}
+        for y in outputs:
+            y = jax.lax.with_sharding_constraint(y, self.owner_sharding)
+            if self.layouts is not None:
+                y = jax.lax.with_sharding_constraint(self._pack_all(y), self.owner_sharding)
+            y = y[: self.size]
+            if self.layouts is not None:
+                y = jax.lax.with_sharding_constraint(y, self._sharding(None, _entry(self.common)))
+            start = 0
+            for i, (leaf_index, leaf, count) in enumerate(zip(self.members, self.leaves, self.counts)):
+                units = y[start : start + count]
+                start += count
+                if self.layouts is not None:
+                    units = _unpack(units, self.layouts[i], self.unit_shape, self.mesh)
+                    units = jax.lax.with_sharding_constraint(units, self._sharding(None, *map(_entry, self.layouts[i])))
+                x = leaf.units.from_units(units)
+                if self.layouts is not None and leaf.spec is not None:
+                    x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, leaf.spec))
+                per_leaf[leaf_index].append(x)
+        return {leaf: tuple(arrays) for leaf, arrays in per_leaf.items()}
+
+    def _which(self) -> tuple[list, jax.Array | None]:
+        """The distinct member layouts, and per unit of the padded stack the index of its own."""
+        distinct = list(dict.fromkeys(self.layouts))
+        if len(distinct) == 1:
+            return distinct, None
+        index = np.concatenate([np.full(c, distinct.index(lay)) for c, lay in zip(self.counts, self.layouts)])
+        index = np.concatenate([index, np.zeros(self.length - self.size, index.dtype)])
+        return distinct, jax.lax.with_sharding_constraint(jnp.asarray(index, jnp.int32), self.owner_sharding)
+
+    def _unpack_all(self, packed: jax.Array) -> jax.Array:
+        distinct, index = self._which()
+        out = _unpack(packed, distinct[0], self.unit_shape, self.mesh)
+        for i, layout in enumerate(distinct[1:], 1):
+            mask = (index == i).reshape((-1,) + (1,) * len(self.unit_shape))
+            out = jnp.where(mask, _unpack(packed, layout, self.unit_shape, self.mesh), out)
+        return out
+
+    def _pack_all(self, units: jax.Array) -> jax.Array:
+        distinct, index = self._which()
+        out = _pack(units, distinct[0], self.mesh)
+        for i, layout in enumerate(distinct[1:], 1):
+            out = jnp.where((index == i)[:, None, None], _pack(units, layout, self.mesh), out)
+        return out
+
+
+def _entry(names: Sequence[str]) -> Any:
+    return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def _common_layouts(leaves: Sequence[LeafUnits], unit_shape: tuple[int, ...], mesh: Any) -> list | None:
+    """Per member, the mesh axes of each unit dimension, all members over the same axes; or
+    `None` where some member's layout is unknown (then the stack moves as XLA decides)."""
+    wished = []
+    for leaf in leaves:
+        if leaf.spec is None:
+            return None
+        axes = leaf.units.unit_axes(leaf.spec, mesh)
+        wished.append(axes if axes is not None else ((),) * len(unit_shape))
+    union = [a for a in mesh.axis_names if any(a in names for w in wished for names in w)]
+    for size in range(len(union), -1, -1):
+        for common in itertools.combinations(union, size):
+            layouts = [_assign(w, common, unit_shape, mesh) for w in wished]
+            if all(lay is not None for lay in layouts):
+                return layouts
+    return [((),) * len(unit_shape)] * len(leaves)
+
+
+def _assign(wished: tuple, common: tuple[str, ...], unit_shape: tuple[int, ...], mesh: Any) -> tuple | None:
+    """`wished` (the mesh axes of each unit dimension) restricted to `common`, with the other
+    axes of `common` placed on the largest dimensions they divide; `None` if they fit nowhere."""
+    layout = [tuple(a for a in names if a in common) for names in wished]
+    for axis in common:
+        if any(axis in names for names in layout):
+            continue
+        ways = [math.prod(mesh.shape[a] for a in names) for names in layout]
+        fits = [d for d in range(len(unit_shape)) if unit_shape[d] % (ways[d] * mesh.shape[axis]) == 0]
+        if not fits:
+            return None
+        dim = max(fits, key=lambda d: unit_shape[d] // ways[d])
+        layout[dim] = tuple(a for a in mesh.axis_names if a in (*layout[dim], axis))
+    return tuple(layout)
+
+
+def _factors(layout: tuple, unit_shape: tuple[int, ...], mesh: Any) -> tuple[list[int], list[int], list[int]]:
+    """The shape of a unit with each split dimension cut into its axes' factors and the rest,
+    the positions of the factors in mesh order, and the positions of the rests."""
+    order = {name: i for i, name in enumerate(mesh.axis_names)}
+    shape, factors, rests = [], [], []
+    for size, names in zip(unit_shape, layout):
+        for name in names:
+            factors.append((order[name], len(shape)))
+            shape.append(mesh.shape[name])
+        rests.append(len(shape))
+        shape.append(size // math.prod(mesh.shape[name] for name in names))
+    return shape, [p for _, p in sorted(factors)], rests
+
+
+def _pack(units: jax.Array, layout: tuple, mesh: Any) -> jax.Array:
+    """`(n, *unit_shape)` units as `(n, parts, part_size)`, the parts in the mesh order of the
+    axes that `layout` splits the unit dimensions over."""
+    shape, factors, rests = _factors(layout, units.shape[1:], mesh)
+    x = units.reshape((units.shape[0], *shape))
+    x = jnp.transpose(x, (0, *[p + 1 for p in factors], *[p + 1 for p in rests]))
+    parts = math.prod(shape[p] for p in factors)
+    return x.reshape((units.shape[0], parts, -1))
+
+
+def _unpack(packed: jax.Array, layout: tuple, unit_shape: tuple[int, ...], mesh: Any) -> jax.Array:
+    """The inverse of `_pack`."""
+    shape, factors, rests = _factors(layout, unit_shape, mesh)
+    order = [*factors, *rests]
+    x = packed.reshape((packed.shape[0], *[shape[p] for p in order]))
+    x = jnp.transpose(x, (0, *[int(i) + 1 for i in np.argsort(order)]))
+    return x.reshape((packed.shape[0], *unit_shape))
+
+
+def _pad(x: jax.Array, length: int) -> jax.Array:
+    if x.shape[0] == length:
+        return x
+    return jnp.concatenate([x, jnp.zeros((length - x.shape[0], *x.shape[1:]), x.dtype)])

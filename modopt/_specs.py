@@ -40,9 +40,25 @@ class NoRule:
         return f"NoRule({self.owner}, {self.shape})"
 
 
+class Owned:
+    """The spec of a state leaf whose axis 0 stacks units of per-matrix state (statistics, bases,
+    factors), each unit kept on the device that owns it (`modopt.sharding`'s owner scheme).
+
+    On a mesh it becomes a split of axis 0 over the mesh axes whose product is the largest
+    divisor of the stack's length, and nothing else: ZeRO-1 does not split such a leaf further
+    (each unit stays whole on its owner). Use the instance `OWNED`.
+    """
+
+    def __repr__(self):
+        return "OWNED"
+
+
+OWNED = Owned()
+
+
 def is_spec(x: Any) -> bool:
-    """Leaves of a specs tree: `PartitionSpec`s and `NoRule` markers."""
-    return isinstance(x, (PartitionSpec, NoRule))
+    """Leaves of a specs tree: `PartitionSpec`s, `OWNED` and `NoRule` markers."""
+    return isinstance(x, (PartitionSpec, NoRule, Owned))
 
 
 def padded(spec: PartitionSpec, ndim: int) -> tuple:

@@ -8,17 +8,22 @@ below for writing such rules.
 """
 
 from .._specs import REPLICATED as REPLICATED
+from .._specs import OWNED as OWNED
 from .._specs import NoRule as NoRule
 from .._specs import drop_axis as drop_axis
 from .._specs import follow_params as follow_params
 from ._cost import Collective as Collective
 from ._cost import CompiledCost as CompiledCost
 from ._cost import compiled_cost as compiled_cost
+from ._owners import LeafUnits as LeafUnits
+from ._owners import UnitMap as UnitMap
 from ._owners import UnitStacks as UnitStacks
 from ._owners import current_mesh as current_mesh
 from ._owners import owner_mesh as owner_mesh
 from ._owners import owner_spec as owner_spec
 from ._owners import run_per_unit as run_per_unit
+from ._owners import spec_of as spec_of
+from ._owners import specs_of as specs_of
 from ._shardings import Layout as Layout
 from ._shardings import bytes_per_device as bytes_per_device
 from ._shardings import shardings as shardings

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
@@ -327,6 +328,8 @@ def run_per_unit(
     leaves: Sequence[LeafUnits | None],
     state: Sequence[Any] | None = None,
     mesh: Any = None,
+    *,
+    extras: Sequence[Any] | None = None,
 ) -> tuple[list[tuple[jax.Array, ...] | None], list[Any] | None]:
     """Runs a transform's per-matrix work `fn` on the units of every leaf, on their owners.
 
@@ -349,6 +352,9 @@ def run_per_unit(
         leaves: per leaf, its `LeafUnits`, or `None` for a leaf without units.
         state: per stack, the state of its units (`None`: no state).
         mesh: the mesh (`current_mesh()`), or `None`.
+        extras: per leaf, an array (or a pytree of arrays) with one row per unit that the work
+            also needs (a PRNG key per unit, say): handed to `fn` after the inputs, in each
+            piece's tuple, stacked and moved with the units.
 
     Returns:
         Per leaf, the tuple of its outputs shaped like the leaf (`None` for a leaf without
@@ -359,7 +365,10 @@ def run_per_unit(
         rows = stacks.unstack(state) if state is not None else [None] * len(leaves)
         outs, new = fn(
             [stacks.leaf_kinds[leaf] for leaf in order],
-            [tuple(leaves[leaf].units.to_units(x) for x in leaves[leaf].arrays) for leaf in order],
+            [
+                (*(leaves[leaf].units.to_units(x) for x in leaves[leaf].arrays), *([] if extras is None else [extras[leaf]]))
+                for leaf in order
+            ],
             [rows[leaf] for leaf in order],
         )
         per_leaf: list[Any] = [None] * len(leaves)
@@ -372,6 +381,11 @@ def run_per_unit(
     states = list(state) if state is not None else [None] * len(stacks)
     moves = [_Move(stacks, s, leaves, mesh, pad=states[s] is None) for s in range(len(stacks))]
     pieces = [move.to_owners() for move in moves]
+    if extras is not None:  # small per-unit data: stacked and moved as XLA decides
+        pieces = [
+            (*piece, _constrain(_pad_tree(stacked, move.length), move.owner_sharding))
+            for piece, stacked, move in zip(pieces, stacks.stack(extras), moves)
+        ]
     placed = [None if st is None else _constrain(st, move.owner_sharding) for st, move in zip(states, moves)]
     outs, new = fn(list(stacks.kinds), pieces, placed)
     per_leaf = [None] * len(leaves)
@@ -380,6 +394,16 @@ def run_per_unit(
             per_leaf[leaf] = arrays
     new_states = None if state is None else [_constrain(st, move.owner_sharding) for st, move in zip(new, moves)]
     return per_leaf, new_states
+
+
+def per_unit(fn: Callable[..., Any], count: int, *args: Any, **kwargs: Any) -> Any:
+    """`fn` on each unit of arguments stacked along axis 0 (`jax.vmap`), or called on the one
+    unit as it is when `count` is 1: a leaf that is one unit (a whole matrix) runs the very
+    code of the single-device path, unbatched."""
+    if count == 1:
+        out = fn(*jax.tree_util.tree_map(lambda x: x[0], args), **kwargs)
+        return jax.tree_util.tree_map(lambda x: x[None], out)
+    return jax.vmap(functools.partial(fn, **kwargs))(*args)
 
 
 def _constrain(tree: Any, sharding: Any) -> Any:
@@ -548,7 +572,16 @@ def _unpack(packed: jax.Array, layout: tuple, unit_shape: tuple[int, ...], mesh:
     return x.reshape((packed.shape[0], *unit_shape))
 
 
+def _pad_tree(tree: Any, length: int) -> Any:
+    return jax.tree_util.tree_map(lambda x: _pad(x, length), tree)
+
+
 def _pad(x: jax.Array, length: int) -> jax.Array:
+    """`x` with zero units appended up to `length` (copies of its first unit for PRNG keys)."""
     if x.shape[0] == length:
         return x
-    return jnp.concatenate([x, jnp.zeros((length - x.shape[0], *x.shape[1:]), x.dtype)])
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        filler = jnp.repeat(x[:1], length - x.shape[0], axis=0)
+    else:
+        filler = jnp.zeros((length - x.shape[0], *x.shape[1:]), x.dtype)
+    return jnp.concatenate([x, filler])

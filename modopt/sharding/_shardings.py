@@ -13,7 +13,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._checks import _first_difference
 from .._offload import place, with_memory_kind
 from .._signature import ModelSignature
-from .._specs import NoRule, is_spec, padded
+from .._specs import NoRule, Owned, is_spec, padded
+from ._owners import owner_spec
 
 
 class Layout:
@@ -197,7 +198,9 @@ def derive_layout(
                 f"No sharding rule places {where} (shape {shape}): it is neither small nor shaped "
                 f"like a parameter. {spec.owner} must declare its layout in a `state_specs` method."
             )
-        if zero_axis is not None:
+        if isinstance(spec, Owned):  # a stack of units on their owners: whole, never split further
+            spec = owner_spec(shape[0], mesh)
+        elif zero_axis is not None:
             spec = _with_axis(spec, shape, zero_axis, mesh)
         _check(spec, shape, mesh, where)
         placed.append(NamedSharding(mesh, spec, memory_kind=memory_kind))

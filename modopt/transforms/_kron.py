@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.linalg
 import numpy as np
-from jax.sharding import PartitionSpec
 
 from .. import fields
 from .._base import AbstractTransform
@@ -22,7 +21,8 @@ from .._moments import (
     widened_update_moment,
 )
 from .._numerics import safe_increment
-from .._specs import REPLICATED, padded
+from .._specs import OWNED, REPLICATED
+from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, per_unit, run_per_unit, specs_of, whole_map
 from .._trees import cast_like
 from ..schedules._base import AbstractSchedule, ScalarOrSchedule, _scalar_or_schedule, value_at
 from .._fields import Scalar
@@ -140,8 +140,13 @@ class ScaleByKronState(NamedTuple):
 
     count: updates made so far (int32 scalar).
     momentum: the EMA of the gradients, like the params (in `mu_dtype`).
-    Qs: per parameter, a tuple of the preconditioner's factors, one per axis of its layout
-        (see `kron_layout`): a `(d, d)` upper-triangular matrix or a `(d,)` diagonal.
+    Qs: the preconditioner's factors, stacked: one entry per kind of parameter (the same layout,
+        see `kron_layout`), in the order of the first parameter of each kind; an entry is a
+        tuple with one factor per axis of the layout, each stacking that factor of every
+        parameter of the kind (in the order of the parameters): `(n, d, d)` upper-triangular
+        matrices or `(n, d)` diagonals. `ScaleByKron.factors` gives them per parameter. On a
+        mesh each stack is split over the devices: each parameter's factors live on the one
+        device that preconditions it (`modopt.sharding`'s owner scheme).
     key: the PRNG key of the next step (a typed key): the coin flips and the probes.
     """
 
@@ -255,6 +260,17 @@ class ScaleByKron(AbstractTransform):
     def _dtype(self) -> Any:
         return jnp.float32 if self.precond_dtype is None else self.precond_dtype
 
+    def _units(self, tree: Any) -> tuple[list[Layout], list[bool], UnitStacks]:
+        """Each leaf's layout; whether it is a matrix taller than wide, stacked as its transpose
+        (so that a `(m, n)` and an `(n, m)` weight share a stack: Kron's math is the same on the
+        transpose, with the factors swapped); and the stacks of same-layout leaves."""
+        layouts = [self.layout(jnp.shape(x)) for x in jax.tree_util.tree_leaves(tree)]
+        flips = [len(lay.shape) == 2 and lay.shape[0] > lay.shape[1] for lay in layouts]
+        kinds = [
+            (lay.shape[::-1], lay.diagonal[::-1]) if flip else (lay.shape, lay.diagonal) for lay, flip in zip(layouts, flips)
+        ]
+        return layouts, flips, UnitStacks(kinds, [1] * len(layouts))
+
     def init(self, params):
         dtype = self._dtype()
         for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -264,45 +280,35 @@ class ScaleByKron(AbstractTransform):
                     f"({jnp.result_type(p)}); PSGD Kron's triangular factors are real. Split it into real "
                     "and imaginary parts."
                 )
-
-        def factors(p):
-            layout = self.layout(jnp.shape(p))
-            scale = jnp.asarray(self.precond_init_scale, dtype) ** (1.0 / len(layout.shape))
-            return tuple(
-                scale * (jnp.ones((d,), dtype) if diagonal else jnp.eye(d, dtype=dtype))
-                for d, diagonal in zip(layout.shape, layout.diagonal)
-            )
-
+        _, _, stacks = self._units(params)
+        factors = []
+        for (shape, diagonal), leaves in zip(stacks.kinds, stacks.members):
+            scale = jnp.asarray(self.precond_init_scale, dtype) ** (1.0 / len(shape))
+            one = [jnp.ones((d,), dtype) if diag else jnp.eye(d, dtype=dtype) for d, diag in zip(shape, diagonal)]
+            factors.append(tuple(jnp.broadcast_to(scale * q, (len(leaves), *q.shape)) for q in one))
         return ScaleByKronState(
             count=jnp.zeros([], jnp.int32),
             momentum=init_state(params, self.mu_dtype),
-            Qs=jax.tree_util.tree_map(factors, params),
+            Qs=tuple(factors),
             key=jnp.copy(self.key),  # not the transform's buffer: both are donated
         )
 
+    def factors(self, state: ScaleByKronState) -> Any:
+        """The factors of each parameter, `(Q_1, ..., Q_k)` in the order of its layout's axes,
+        in a tree shaped like the params."""
+        _, flips, stacks = self._units(state.momentum)
+        rows = stacks.unstack(state.Qs)
+        treedef = jax.tree_util.tree_structure(state.momentum)
+        return treedef.unflatten([tuple(q[0] for q in (leaf[::-1] if flip else leaf)) for leaf, flip in zip(rows, flips)])
+
     def state_specs(self, params, param_specs):
-        # The momentum follows the parameters. A factor of an axis of the layout is split as
-        # that axis of the parameter: a triangular (d, d) factor by its rows, a diagonal by its
-        # entries. A merged axis is split as the parameter's leading axis among those it merges
-        # when that one alone is split (a block split of the merged axis), else replicated.
-        # Count and key are replicated.
-        treedef = jax.tree_util.tree_structure(params)
-
-        def factor_specs(p, spec):
-            layout = self.layout(p.shape)
-            entries = padded(spec, len(p.shape))
-            specs = []
-            for group, diagonal in zip(layout.groups, layout.diagonal):
-                split = [entries[axis] for axis in group]
-                entry = split[0] if split and all(e is None for e in split[1:]) else None
-                specs.append(PartitionSpec(entry) if diagonal else PartitionSpec(entry, None))
-            return tuple(specs)
-
-        leaves, specs = treedef.flatten_up_to(params), treedef.flatten_up_to(param_specs)
+        # The momentum follows the parameters; every stack of factors lies on its owners (the
+        # owner scheme's OWNED); the count and the key are replicated.
+        state = jax.eval_shape(self.init, params)
         return ScaleByKronState(
             count=REPLICATED,
-            momentum=treedef.unflatten(specs),
-            Qs=treedef.unflatten([factor_specs(p, s) for p, s in zip(leaves, specs)]),
+            momentum=param_specs,
+            Qs=jax.tree_util.tree_map(lambda _: OWNED, state.Qs),
             key=REPLICATED,
         )
 
@@ -319,30 +325,58 @@ class ScaleByKron(AbstractTransform):
             momentum = cast_like(momentum, state.momentum)
         debiased = bias_correction(momentum, self.b1, count)
         treedef = jax.tree_util.tree_structure(updates)
-        grads, m_hats, Qs = (treedef.flatten_up_to(t) for t in (updates, debiased, state.Qs))
-        layouts = [self.layout(jnp.shape(g)) for g in grads]
-        m_hats = [m.reshape(layout.shape).astype(dtype) for m, layout in zip(m_hats, layouts)]
-        if self.momentum_into_precond_update:
-            fitted = m_hats
-        else:
-            fitted = [g.reshape(layout.shape).astype(dtype) for g, layout in zip(grads, layouts)]
+        grads, m_hats = (treedef.flatten_up_to(t) for t in (updates, debiased))
+        mesh = current_mesh()
+        layouts, flips, stacks = self._units(updates)
+        # On a mesh, a taller-than-wide matrix is preconditioned as its transpose (see `_units`).
+        turned = [flip and mesh is not None for flip in flips]
+        units = [whole_map(jnp.shape(g), lay.groups)._replace(swap=t) for g, lay, t in zip(grads, layouts, turned)]
+        inputs = [(m.astype(dtype),) for m in m_hats]
+        if not self.momentum_into_precond_update:
+            inputs = [(m, g.astype(dtype)) for (m,), g in zip(inputs, grads)]
+        specs = specs_of(state.momentum, params)
+        leaves = [LeafUnits(x, u, spec) for x, u, spec in zip(inputs, units, specs)]
+        # The probes' keys, one per parameter, and whether its unit is turned (the probe is
+        # drawn in the parameter's own layout wherever it is preconditioned).
+        probe_keys = jax.random.split(probe_key, len(grads))
+        extras = [(probe_keys[i][None], jnp.asarray([t]) if mesh is not None else None) for i, t in enumerate(turned)]
 
-        def fit(Qs):
-            probes = kron_probes(probe_key, [layout.shape for layout in layouts], dtype)
-            tiny = jnp.finfo(dtype).tiny
-            return [
-                update_factors(balanced(q, balance), g + (DAMPING * jnp.mean(jnp.abs(g))).astype(dtype) * v, v, self.precond_lr, tiny)
-                for q, g, v in zip(Qs, fitted, probes)
-            ]
+        def work(kinds, pieces, factors):
+            def own_order(kind, m, q):  # a flipped parameter preconditioned as it is (without a mesh)
+                return q[::-1] if m.shape[1:] != kind[0] else q
 
-        Qs = jax.lax.cond(do_update, fit, list, list(Qs))
-        new_updates = [
-            clip_rms(precondition(q, m)).reshape(jnp.shape(g)).astype(update_dtype(g.dtype, self.mu_dtype))
-            for q, m, g in zip(Qs, m_hats, grads)
-        ]
+            def fit(factors):
+                new = []
+                for kind, (m, *rest), q in zip(kinds, pieces, factors):
+                    fitted, (keys, turns) = (m if self.momentum_into_precond_update else rest[0]), rest[-1]
+                    q = own_order(kind, m, q)
+                    fitted_q = per_unit(self._fit, len(m), fitted, keys, turns, q, balance=balance)
+                    new.append(own_order(kind, m, fitted_q))
+                return new
+
+            factors = jax.lax.cond(do_update, fit, list, list(factors))
+            out = [(per_unit(_preconditioned, len(m), m, own_order(k, m, q)),) for k, (m, *_), q in zip(kinds, pieces, factors)]
+            return out, factors
+
+        done, Qs = run_per_unit(work, stacks, leaves, state.Qs, mesh, extras=extras)
+        new_updates = [y.astype(update_dtype(g.dtype, self.mu_dtype)) for (y,), g in zip(done, grads)]
         momentum = store(momentum, self.mu_dtype)
-        new_state = ScaleByKronState(count=count, momentum=momentum, Qs=treedef.unflatten(Qs), key=key)
+        new_state = ScaleByKronState(count=count, momentum=momentum, Qs=tuple(Qs), key=key)
         return treedef.unflatten(new_updates), new_state
+
+    def _fit(self, fitted: jax.Array, key: jax.Array, turned: jax.Array | None, q: tuple, *, balance: jax.Array) -> tuple:
+        """One parameter's factors after an update from its probe, drawn from `key` in the
+        parameter's own layout (then transposed, where its unit is `turned`; `None`: none is)."""
+        probe = jax.random.normal(key, fitted.shape, fitted.dtype)
+        if turned is not None and fitted.ndim == 2 and fitted.shape[0] != fitted.shape[1]:
+            probe = jnp.where(turned, jax.random.normal(key, fitted.shape[::-1], fitted.dtype).T, probe)
+        damped = fitted + (DAMPING * jnp.mean(jnp.abs(fitted))).astype(fitted.dtype) * probe
+        return update_factors(balanced(q, balance), damped, probe, self.precond_lr, jnp.finfo(fitted.dtype).tiny)
+
+
+def _preconditioned(m_hat: jax.Array, q: tuple) -> jax.Array:
+    """One parameter's update: `P m_hat`, its RMS capped."""
+    return clip_rms(precondition(q, m_hat))
 
 
 scale_by_kron = ScaleByKron

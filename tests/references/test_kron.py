@@ -137,12 +137,13 @@ def test_parity_with_kron_torch(config, eager_torch):
         for name in SHAPES:
             np.testing.assert_allclose(a[name], b[name], rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{config}: {name}, step {step}")
     kron_state = state[0]
+    kron_factors = tx.build().transforms[0].factors(kron_state)
     for name, tensor in zip(sorted(params), tensors):
         reference = optimizer.state[tensor]
         np.testing.assert_allclose(
             kron_state.momentum[name].reshape(-1), reference["momentum_buffer"].numpy().reshape(-1), rtol=1e-6, atol=1e-6
         )
-        ours_q, theirs_q = kron_state.Qs[name], reference["Q"]
+        ours_q, theirs_q = kron_factors[name], reference["Q"]
         assert [q.shape for q in ours_q] == [tuple(q.shape) for q in theirs_q], name
         for q, r in zip(ours_q, theirs_q):
             np.testing.assert_allclose(q, r.numpy(), rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{config}: Q of {name}")
@@ -192,7 +193,7 @@ def test_steps_match_numpy_from_the_paper():
     tx = modopt.scale_by_kron(0.0, preconditioner_update_probability=1.0, precond_lr=0.2, balance_prob=0.0)
     state = tx.init({n: jnp.zeros(s) for n, s in shapes.items()})
     update = jax.jit(tx.update)
-    numpy_qs = {n: tuple(np.asarray(q, np.float64) for q in state.Qs[n]) for n in shapes}
+    numpy_qs = {n: tuple(np.asarray(q, np.float64) for q in tx.factors(state)[n]) for n in shapes}
     for step in range(STEPS):
         grads = {n: g for n, g in make_grads(step).items() if n in shapes}
         probes = kron_probes(step_keys(state.key)[3], list(shapes.values()), jnp.float32)
@@ -200,7 +201,7 @@ def test_steps_match_numpy_from_the_paper():
         for (name, g), v in zip(sorted(grads.items()), probes):
             numpy_qs[name], expected = numpy_kron_step(numpy_qs[name], g.astype(np.float64), np.asarray(v, np.float64), 0.2)
             np.testing.assert_allclose(updates[name], expected, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{name}, step {step}")
-            for q, r in zip(state.Qs[name], numpy_qs[name]):
+            for q, r in zip(tx.factors(state)[name], numpy_qs[name]):
                 np.testing.assert_allclose(q, r, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"Q of {name}, step {step}")
 
 
@@ -239,7 +240,7 @@ def test_preconditioner_whitens_the_gradients():
         return jax.lax.scan(lambda s, z: (tx.update(l1 @ z @ l2.T, s)[1], None), state, z)[0]
 
     def distance(state):
-        q1, q2 = (np.asarray(q, np.float64) for q in state.Qs)
+        q1, q2 = (np.asarray(q, np.float64) for q in tx.factors(state))
         p = np.kron(q1.T @ q1, q2.T @ q2)
         return np.linalg.norm(p @ np.kron(c1, c2) @ p - np.eye(12), 2)
 
@@ -263,7 +264,7 @@ def test_update_probability_is_a_seeded_coin():
     def changed(tx):
         def body(state, g):
             new = tx.update(g, state)[1]
-            return new, jnp.any(new.Qs[0] != state.Qs[0])
+            return new, jnp.any(new.Qs[0][0] != state.Qs[0][0])  # the first factor
 
         return jax.lax.scan(body, tx.init(jnp.zeros((3, 2))), grads)[1]
 
@@ -341,19 +342,26 @@ def test_layout_follows_the_reference(shape, kwargs, expected, eager_torch):
 
 
 def test_factor_sharding_rule():
-    """Factors follow the parameter's axis they precondition (rows of a triangular factor, entries
-    of a diagonal); a merged axis follows its leading parameter axis when only that one is split."""
-    params = {"m": jax.ShapeDtypeStruct((8, 6), jnp.float32), "c": jax.ShapeDtypeStruct((4, 3, 2), jnp.float32),
-              "d": jax.ShapeDtypeStruct((4, 3, 2), jnp.float32), "v": jax.ShapeDtypeStruct((8,), jnp.float32)}
-    specs = {"m": P("model", "data"), "c": P("model"), "d": P(None, "model"), "v": P("model")}
-    state = modopt.scale_by_kron().state_specs(params, specs)
-    assert state.Qs == {
-        "m": (P("model", None), P("data", None)),
-        "c": (P("model", None), P(None, None)),  # (12, 2): axes (0, 1) merged, axis 0 split
-        "d": (P(None, None), P(None, None)),  # axis 1 split inside the merged axis: replicated
-        "v": (P("model"),),
-    }
+    """Parameters of one layout stack their factors; every stack lies on its owners (each
+    parameter's factors whole on one device, the stack split over the mesh axes that divide
+    its length); the momentum follows the parameters."""
+    params = {"m": jax.ShapeDtypeStruct((8, 6), jnp.float32), "n": jax.ShapeDtypeStruct((8, 6), jnp.float32),
+              "c": jax.ShapeDtypeStruct((4, 3, 2), jnp.float32), "v": jax.ShapeDtypeStruct((8,), jnp.float32)}
+    specs = {"m": P("model", "data"), "n": P("model"), "c": P("model"), "v": P("model")}
+    tx = modopt.scale_by_kron()
+    state = tx.state_specs(params, specs)
+    owned = modopt.sharding.OWNED
+    # Stacks in the order of their first parameter (JAX's sorted dict keys): c (12, 2), m and n
+    # (8, 6), v (8,); a matrix taller than wide stacks as its transpose, its factors swapped.
+    assert state.Qs == ((owned, owned), (owned, owned), (owned,))
+    shapes = jax.eval_shape(tx.init, params).Qs
+    assert [[q.shape for q in stack] for stack in shapes] == [[(1, 2, 2), (1, 12, 12)], [(2, 6, 6), (2, 8, 8)], [(1, 8)]]
+    assert [q.shape for q in jax.eval_shape(lambda p: tx.factors(tx.init(p)), params)["c"]] == [(12, 12), (2, 2)]
     assert state.momentum == specs and state.count == P() and state.key == P()
+    mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+    assert modopt.sharding.owner_spec(2, mesh) == P("data")
+    assert modopt.sharding.owner_spec(8, mesh) == P(("data", "model"))
+    assert modopt.sharding.owner_spec(1, mesh) == P()
 
 
 def test_state_bytes_for_a_1024_matrix():

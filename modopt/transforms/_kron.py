@@ -144,7 +144,7 @@ class ScaleByKronState(NamedTuple):
         see `kron_layout`), in the order of the first parameter of each kind; an entry is a
         tuple with one factor per axis of the layout, each stacking that factor of every
         parameter of the kind (in the order of the parameters): `(n, d, d)` upper-triangular
-        matrices or `(n, d)` diagonals. `ScaleByKron.factors` gives them per parameter. On a
+        matrices or `(n, d)` diagonals. `ScaleByKron.unstacked` gives them per parameter. On a
         mesh each stack is split over the devices: each parameter's factors live on the one
         device that preconditions it (`modopt.sharding`'s owner scheme).
     key: the PRNG key of the next step (a typed key): the coin flips and the probes.
@@ -293,13 +293,15 @@ class ScaleByKron(AbstractTransform):
             key=jnp.copy(self.key),  # not the transform's buffer: both are donated
         )
 
-    def factors(self, state: ScaleByKronState) -> Any:
-        """The factors of each parameter, `(Q_1, ..., Q_k)` in the order of its layout's axes,
-        in a tree shaped like the params."""
+    def unstacked(self, state: ScaleByKronState) -> ScaleByKronState:
+        """`state` with the factors per parameter: `Qs` a tree shaped like the params whose leaves
+        are tuples `(Q_1, ..., Q_k)` in the order of the parameter's layout axes (for inspection
+        and tests; `update` takes the stacked state)."""
         _, flips, stacks = self._units(state.momentum)
         rows = stacks.unstack(state.Qs)
         treedef = jax.tree_util.tree_structure(state.momentum)
-        return treedef.unflatten([tuple(q[0] for q in (leaf[::-1] if flip else leaf)) for leaf, flip in zip(rows, flips)])
+        per_leaf = [tuple(q[0] for q in (leaf[::-1] if flip else leaf)) for leaf, flip in zip(rows, flips)]
+        return state._replace(Qs=treedef.unflatten(per_leaf))
 
     def state_specs(self, params, param_specs):
         # The momentum follows the parameters; every stack of factors lies on its owners (the

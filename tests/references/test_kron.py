@@ -137,7 +137,7 @@ def test_parity_with_kron_torch(config, eager_torch):
         for name in SHAPES:
             np.testing.assert_allclose(a[name], b[name], rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{config}: {name}, step {step}")
     kron_state = state[0]
-    kron_factors = tx.build().transforms[0].factors(kron_state)
+    kron_factors = tx.build().transforms[0].unstacked(kron_state).Qs
     for name, tensor in zip(sorted(params), tensors):
         reference = optimizer.state[tensor]
         np.testing.assert_allclose(
@@ -193,7 +193,7 @@ def test_steps_match_numpy_from_the_paper():
     tx = modopt.scale_by_kron(0.0, preconditioner_update_probability=1.0, precond_lr=0.2, balance_prob=0.0)
     state = tx.init({n: jnp.zeros(s) for n, s in shapes.items()})
     update = jax.jit(tx.update)
-    numpy_qs = {n: tuple(np.asarray(q, np.float64) for q in tx.factors(state)[n]) for n in shapes}
+    numpy_qs = {n: tuple(np.asarray(q, np.float64) for q in tx.unstacked(state).Qs[n]) for n in shapes}
     for step in range(STEPS):
         grads = {n: g for n, g in make_grads(step).items() if n in shapes}
         probes = kron_probes(step_keys(state.key)[3], list(shapes.values()), jnp.float32)
@@ -201,7 +201,7 @@ def test_steps_match_numpy_from_the_paper():
         for (name, g), v in zip(sorted(grads.items()), probes):
             numpy_qs[name], expected = numpy_kron_step(numpy_qs[name], g.astype(np.float64), np.asarray(v, np.float64), 0.2)
             np.testing.assert_allclose(updates[name], expected, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{name}, step {step}")
-            for q, r in zip(tx.factors(state)[name], numpy_qs[name]):
+            for q, r in zip(tx.unstacked(state).Qs[name], numpy_qs[name]):
                 np.testing.assert_allclose(q, r, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"Q of {name}, step {step}")
 
 
@@ -240,7 +240,7 @@ def test_preconditioner_whitens_the_gradients():
         return jax.lax.scan(lambda s, z: (tx.update(l1 @ z @ l2.T, s)[1], None), state, z)[0]
 
     def distance(state):
-        q1, q2 = (np.asarray(q, np.float64) for q in tx.factors(state))
+        q1, q2 = (np.asarray(q, np.float64) for q in tx.unstacked(state).Qs)
         p = np.kron(q1.T @ q1, q2.T @ q2)
         return np.linalg.norm(p @ np.kron(c1, c2) @ p - np.eye(12), 2)
 
@@ -356,7 +356,7 @@ def test_factor_sharding_rule():
     assert state.Qs == ((owned, owned), (owned, owned), (owned,))
     shapes = jax.eval_shape(tx.init, params).Qs
     assert [[q.shape for q in stack] for stack in shapes] == [[(1, 2, 2), (1, 12, 12)], [(2, 6, 6), (2, 8, 8)], [(1, 8)]]
-    assert [q.shape for q in jax.eval_shape(lambda p: tx.factors(tx.init(p)), params)["c"]] == [(12, 12), (2, 2)]
+    assert [q.shape for q in jax.eval_shape(lambda p: tx.unstacked(tx.init(p)).Qs, params)["c"]] == [(12, 12), (2, 2)]
     assert state.momentum == specs and state.count == P() and state.key == P()
     mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
     assert modopt.sharding.owner_spec(2, mesh) == P("data")

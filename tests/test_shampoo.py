@@ -94,6 +94,7 @@ def assert_close(ours, theirs, tol, what):
 
 def assert_states_close(tx, state, their_state, tol, root_tol, what):
     assert int(state.count) == int(their_state.count)
+    state = tx.unstacked(state)  # statistics and preconditioners per parameter
     for name, shape in SHAPES.items():
         theirs = their_state.stats[name]
         for field in ("statistics", "preconditioners"):
@@ -316,6 +317,7 @@ def test_statistics_and_roots_match_numpy():
     tx = modopt.scale_by_shampoo(4, beta2=beta2, matrix_epsilon=eps, best_effort_shape_interpretation=False)
     g = np.asarray(jax.random.normal(jax.random.key(3), (10, 7)), np.float64)
     _, state = jax.jit(tx.update)({"w": jnp.asarray(g, jnp.float32)}, tx.init({"w": jnp.zeros((10, 7))}))
+    state = tx.unstacked(state)
     stats, roots = state.statistics["w"], state.preconditioners["w"]
     for b, (r0, c0) in enumerate([(r, c) for r in range(0, 10, 4) for c in range(0, 7, 4)]):
         block = g[r0 : r0 + 4, c0 : c0 + 4]
@@ -427,11 +429,15 @@ def test_inverse_root_bad_options(kwargs, error, match):
 
 def test_state_of_a_1024_square_matrix_and_its_bytes():
     """Defaults: a (1024, 1024) matrix is 8 x 8 blocks of 128, two 128 x 128 statistics and roots
-    per block; SGD grafting keeps no diagonal statistics. 24 bytes per parameter (+ the count)."""
+    per block (one stack); SGD grafting keeps no diagonal statistics. 24 bytes per parameter
+    (+ the count)."""
     params = {"w": jax.ShapeDtypeStruct((1024, 1024), jnp.float32)}
+    tx = modopt.scale_by_shampoo()
     state = jax.eval_shape(modopt.shampoo(1e-3).init, params)[0]
-    assert [x.shape for x in state.statistics["w"]] == [(64, 128, 128)] * 2
-    assert [x.shape for x in state.preconditioners["w"]] == [(64, 128, 128)] * 2
+    assert [[x.shape for x in stack] for stack in state.statistics] == [[(64, 128, 128)] * 2]
+    assert [[x.shape for x in stack] for stack in state.preconditioners] == [[(64, 128, 128)] * 2]
+    per_parameter = jax.eval_shape(lambda p: tx.unstacked(tx.init(p)), params)
+    assert [x.shape for x in per_parameter.statistics["w"]] == [(64, 128, 128)] * 2
     assert state.diagonal_statistics is None
     nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
     assert nbytes == 4 * (4 * 64 * 128 * 128 + 2 * 1024 * 1024) + 4
@@ -441,21 +447,74 @@ def test_state_of_a_1024_square_matrix_and_its_bytes():
 
 
 def test_sharding_rule():
-    """Statistics and roots replicated, momenta and grafting statistics like the parameters; with
-    ZeRO-1 the stacks split along their block axis."""
+    """Blocks stack by kind (block shape, root, padding, the parameter's block grid; a block
+    taller than wide as its transpose); every stack of statistics and roots lies on its owners
+    (`OWNED`: split along the block axis over the mesh axes dividing its length, whole blocks,
+    never split further by ZeRO-1); momenta and grafting statistics follow the parameters."""
     mesh = AbstractMesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-    params = {"w": jnp.zeros((16, 8)), "v": jnp.zeros((8,)), "s": jnp.zeros(())}
-    specs = {"w": P(None, "model"), "v": P("model"), "s": P()}
-    tx = modopt.scale_by_shampoo(4, graft_type="adagrad")
+    params = {
+        "w": jnp.zeros((16, 8)),  # 4 x 2 blocks (4, 4)
+        "v": jnp.zeros((8,)),  # 2 blocks of 4
+        "t": jnp.zeros((10, 3)),  # 3 x 1 blocks (4, 3), the last padded: stacked as (3, 4)
+        "u": jnp.zeros((3, 10)),  # its transpose: the same stack
+        "s": jnp.zeros(()),
+    }
+    specs = {"w": P(None, "model"), "v": P("model"), "t": P(), "u": P(), "s": P()}
+    tx = modopt.scale_by_shampoo(4, graft_type="adagrad", best_effort_shape_interpretation=False)
+    merged = modopt.scale_by_shampoo(4, graft_type="adagrad")
+    owned = modopt.sharding.OWNED
     rule = tx.state_specs(params, specs)
-    assert rule.statistics["w"] == (P(),) and rule.preconditioners["v"] == (P(),)  # (16, 8) merged: 128
-    assert rule.statistics["s"] == ()
+    # Stacks in the order of their first parameter (sorted keys): t with u, v, w.
+    assert rule.statistics == ((owned, owned), (owned,), (owned, owned)) == rule.preconditioners
+    shapes = jax.eval_shape(tx.init, params)
+    assert [[x.shape for x in stack] for stack in shapes.statistics] == [
+        [(6, 3, 3), (6, 4, 4)],
+        [(2, 4, 4)],
+        [(8, 4, 4), (8, 4, 4)],
+    ]
+    per_parameter = jax.eval_shape(lambda p: tx.unstacked(tx.init(p)), params)
+    assert [x.shape for x in per_parameter.statistics["t"]] == [(3, 4, 4), (3, 3, 3)]
+    assert [x.shape for x in per_parameter.statistics["u"]] == [(3, 3, 3), (3, 4, 4)]
+    assert per_parameter.statistics["s"] == () and per_parameter.preconditioners["s"] == ()
     assert rule.momentum == specs and rule.diagonal_momentum == specs and rule.diagonal_statistics == specs
+    assert [[x.shape for x in stack] for stack in jax.eval_shape(merged.init, params).statistics] == [
+        [(16, 4, 4)],  # "t" and "u" merged to vectors of 30: 8 blocks each, the last padded
+        [(2, 4, 4)],
+        [(32, 4, 4)],  # "w" merged to a vector of 128
+    ]
     optimizer = modopt.Optimizer(tx, params)
     placed = modopt.sharding.shardings(optimizer, specs, mesh=mesh, zero_axis="data")
-    # (32, 4, 4): the 32 blocks of the merged vector of 128, split over "data".
-    assert placed.state.statistics["w"][0].spec == P("data", None, None)
+    # Along the block axis only, over the axes dividing the stack's length: 6 and 2 blocks over
+    # "data", 8 over both axes; ZeRO-1 adds nothing. The momenta follow the parameters, with ZeRO-1.
+    assert [x.spec for x in placed.state.statistics[0]] == [P("data")] * 2
+    assert [x.spec for x in placed.state.preconditioners[1]] == [P("data")]
+    assert [x.spec for x in placed.state.statistics[2]] == [P(("data", "model"))] * 2
     assert placed.state.momentum["w"].spec == P("data", "model")
+
+
+def test_unstacked_gives_each_parameter_its_blocks():
+    """`unstacked` undoes the stacking: a parameter whose blocks are taller than wide (stacked as
+    their transposes, statistics in reverse order) gets its statistics in its own order; updates
+    of stacked and separate parameters agree."""
+    params = {"t": jnp.zeros((6, 4)), "u": jnp.zeros((4, 6))}
+    tx = modopt.scale_by_shampoo(5, best_effort_shape_interpretation=False, start_preconditioning_step=0)
+    state = tx.init(params)
+    assert [x.shape for x in state.statistics[0]] == [(4, 4, 4), (4, 5, 5)]  # (6, 4): blocks (5, 4)
+    g = jax.random.normal(jax.random.key(0), (6, 4))
+    grads = {"t": g, "u": g.T}
+    for _ in range(2):
+        updates, state = jax.jit(tx.update)(grads, state)
+    view = tx.unstacked(state)
+    assert [x.shape for x in view.statistics["t"]] == [(2, 5, 5), (2, 4, 4)]
+    assert [x.shape for x in view.statistics["u"]] == [(2, 4, 4), (2, 5, 5)]
+    for field in ("statistics", "preconditioners"):
+        t, u = getattr(view, field)["t"], getattr(view, field)["u"]
+        for j in range(2):  # the transpose's statistics are the same matrices, dimensions swapped
+            np.testing.assert_allclose(t[j], u[1 - j], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(updates["t"], updates["u"].T, rtol=1e-5, atol=1e-6)  # products in another order
+    single, _ = jax.jit(tx.update)({"t": g}, tx.init({"t": params["t"]}))
+    first, _ = jax.jit(tx.update)(grads, tx.init(params))
+    np.testing.assert_array_equal(first["t"], single["t"])
 
 
 def test_graft_types_by_name_or_reference_number(reference):
@@ -480,6 +539,8 @@ def test_missing_updates_pass_through():
     state = tx.init(params)
     updates, new_state = jax.jit(tx.update)({"a": None, "b": jnp.ones((5,))}, state, params)
     assert updates["a"] is None and updates["b"].shape == (5,)
+    state, new_state = tx.unstacked(state), tx.unstacked(new_state)
+    assert not np.array_equal(state.statistics["b"][0], new_state.statistics["b"][0])
     for field in ("statistics", "preconditioners", "momentum"):
         for x, y in zip(
             jax.tree.leaves(getattr(state, field)["a"]), jax.tree.leaves(getattr(new_state, field)["a"])

@@ -26,8 +26,9 @@ from .._fields import (
 from .._fields import Scalar
 from .._moments import init_state, update_dtype, widen
 from .._numerics import safe_increment
-from .._specs import REPLICATED
+from .._specs import OWNED, REPLICATED
 from ..linalg import matrix_inverse_pth_root
+from ..sharding._owners import LeafUnits, UnitMap, UnitStacks, current_mesh, run_per_unit, specs_of
 from jax.typing import DTypeLike
 
 GRAFT_TYPES = ("sgd", "adagrad", "rmsprop", "rmsprop_normalized", "adagrad_normalized", "sqrt_n", "none")
@@ -91,32 +92,56 @@ class _Layout(NamedTuple):
     def blocks(self) -> int:
         return math.prod(self.counts)
 
+    @property
+    def padded(self) -> tuple[bool, ...]:
+        """Per dimension, whether some block is padded along it."""
+        return tuple(bool(np.any(v < s)) for v, s in zip(self.valid, self.sizes))
+
+    def units(self, shape: tuple[int, ...]) -> UnitMap:
+        """The blocks of a parameter of `shape` as units of the owner scheme (`modopt.sharding`)."""
+        groups, start = [], 0
+        for k, d in enumerate(self.shape):  # the parameter's axes merged into each dimension
+            end, product = start + 1, shape[start]
+            while end < len(shape) and (product < d or (k == len(self.shape) - 1)):
+                product, end = product * shape[end], end + 1
+            groups.append(end - start)
+            start = end
+        return UnitMap(tuple(shape), tuple(range(len(shape))), tuple(groups), self.counts, self.sizes)
+
     def split(self, x: jax.Array) -> jax.Array:
         """A parameter-shaped array as its stack of blocks, `(blocks, *sizes)`."""
-        x = x.reshape(self.shape)
-        x = jnp.pad(x, [(0, n * s - d) for n, s, d in zip(self.counts, self.sizes, self.shape)])
-        x = x.reshape([v for pair in zip(self.counts, self.sizes) for v in pair])
-        k = len(self.shape)
-        x = x.transpose([2 * j for j in range(k)] + [2 * j + 1 for j in range(k)])
-        return x.reshape((self.blocks, *self.sizes))
+        return self.units(x.shape).to_units(x)
 
     def merge(self, blocks: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         """The inverse of `split`: a stack of blocks back as an array of `shape`."""
-        k = len(self.shape)
-        x = blocks.reshape((*self.counts, *self.sizes))
-        x = x.transpose([i for j in range(k) for i in (j, k + j)])
-        x = x.reshape([n * s for n, s in zip(self.counts, self.sizes)])
-        return x[tuple(slice(0, d) for d in self.shape)].reshape(shape)
+        return self.units(tuple(shape)).from_units(blocks)
+
+
+class _Kind(NamedTuple):
+    """What the blocks of one stack share (see `ScaleByShampoo`'s sharding rule): the block's
+    shape, its parameter's block grid, the root, and per dimension whether some block is
+    padded (its roots are masked). A block taller than wide is stacked as its transpose, with
+    its grid and masks reversed."""
+
+    sizes: tuple[int, ...]
+    grid: tuple[int, ...]
+    exponent: int
+    padded: tuple[bool, ...]
 
 
 class ScaleByShampooState(NamedTuple):
-    """The state of `scale_by_shampoo`; every field but `count` has the params' structure.
+    """The state of `scale_by_shampoo`.
 
     count: updates made so far (int32 scalar).
-    statistics: per parameter, one float32 array `(blocks, size_j, size_j)` per dimension `j` of
-        its (merged) shape: the decayed sums of the blocks' gradient Gram matrices along `j`;
-        `()` for parameters that are not preconditioned.
-    preconditioners: per parameter, the inverse roots of `statistics` (same shapes).
+    statistics: the blocks' statistics, stacked: one entry per kind of block (the same shape,
+        root and padding, from parameters with the same block grid; see `ScaleByShampoo`'s
+        sharding rule), in the order of the first parameter of each kind; an entry is a tuple
+        with one float32 array `(n, size_j, size_j)` per dimension `j` of the block, stacking
+        the decayed sums of the Gram matrices along `j` of the kind's `n` blocks (parameter by
+        parameter, in the order of the parameters, each parameter's blocks in row-major order
+        of its block grid). A block taller than wide is stacked as its transpose: its two
+        statistics in reverse order. `ScaleByShampoo.unstacked` gives them per parameter.
+    preconditioners: the inverse roots of `statistics` (same layout).
     diagonal_statistics: the grafting optimizer's sums of squared gradients (Adagrad, RMSProp
         and their normalized variants), like the params (in `nu_dtype` if set); `None` for the
         other graft types.
@@ -161,11 +186,18 @@ class ScaleByShampoo(AbstractTransform):
     dimension above `skip_preconditioning_dim_size_gt` take the grafting update.
 
     Statistics and preconditioners are float32; the grafting state and momenta have the
-    params' dtype. Sharding rule (`state_specs`): statistics and preconditioners are stacks of
-    block x block matrices, not shaped like the parameters, and are replicated (every device
-    holds every block, as the reference's default non-sharded mode does); `zero_axis` (ZeRO-1)
-    then splits each stack along its block axis where the axis divides it. The grafting state
-    and momenta follow the parameters.
+    params' dtype. Sharding rule (`state_specs`), the owner scheme of `modopt.sharding`: every
+    block has one owner device. Blocks of one kind (the same block shape, root and padded
+    dimensions, from parameters with the same block grid, so that a network's repeated layers
+    stack together; a block taller than wide as its transpose, so an `(m, n)` and an `(n, m)`
+    weight share a stack) are stacked, and their statistics and preconditioners are stored
+    stacked per kind (`OWNED`): each stack split along its block axis over the mesh axes
+    dividing its length, never split further by ZeRO-1. At each step the gradient's blocks move
+    to their owners (one all-to-all per stack), the statistics, inverse roots and
+    preconditioned blocks are computed there on whole blocks, and the preconditioned blocks
+    come back. The grafting state and momenta follow the parameters, and the grafting and the
+    norm rescaling run where the parameters live. Without a mesh, each parameter's blocks are
+    computed in its own layout (the roots of all blocks of one size and root in one batch).
 
     Checked against `precondition.distributed_shampoo.distributed_shampoo` (precondition-opt
     0.3.0, the JAX reference of the paper's authors) step by step: updates and states, every
@@ -289,41 +321,76 @@ class ScaleByShampoo(AbstractTransform):
         """The root `p` of a parameter's preconditioners."""
         return self.exponent_override or 2 * len(layout.shape)
 
+    def _units(self, tree: Any) -> tuple[list[_Layout | None], list[bool], UnitStacks]:
+        """Each leaf's layout (`None`: not preconditioned); whether its blocks are taller than
+        wide, stacked as their transposes; and the stacks of blocks of one `_Kind`."""
+        layouts = [self.layout(jnp.shape(x)) for x in jax.tree_util.tree_leaves(tree)]
+        flips = [lay is not None and len(lay.sizes) == 2 and lay.sizes[0] > lay.sizes[1] for lay in layouts]
+        kinds = []
+        for lay, flip in zip(layouts, flips):
+            if lay is None:
+                kinds.append(None)
+                continue
+            turn = (lambda t: tuple(t[::-1])) if flip else tuple
+            kinds.append(_Kind(turn(lay.sizes), turn(lay.counts), self.exponent(lay), turn(lay.padded)))
+        return layouts, flips, UnitStacks(kinds, [0 if lay is None else lay.blocks for lay in layouts])
+
     # -- init -----------------------------------------------------------------------------------
 
     def init(self, params):
-        def blocks(p, diagonal):
-            layout = self.layout(p.shape)
+        layouts, flips, stacks = self._units(params)
+
+        def blocks(layout, flip, diagonal):
             if layout is None:
-                return ()
+                return None
             out = []
             for j, size in enumerate(layout.sizes):
                 valid = jnp.asarray(np.arange(size)[None, :] < layout.valid[j][:, None], jnp.float32)
                 eye = valid[:, :, None] * jnp.eye(size, dtype=jnp.float32)
                 out.append(self.matrix_epsilon * eye if diagonal else eye)
-            return tuple(out)
+            return tuple(out[::-1]) if flip else tuple(out)
 
-        statistics = jax.tree_util.tree_map(lambda p: blocks(p, True), params)
-        preconditioners = jax.tree_util.tree_map(lambda p: blocks(p, False), params)
+        statistics = stacks.stack([blocks(lay, flip, True) for lay, flip in zip(layouts, flips)])
+        preconditioners = stacks.stack([blocks(lay, flip, False) for lay, flip in zip(layouts, flips)])
         diagonal = None
         if self.graft_type in _DIAGONAL_GRAFTS:
             diagonal = init_state(params, self.nu_dtype)
         return ScaleByShampooState(
             count=jnp.zeros([], jnp.int32),
-            statistics=statistics,
-            preconditioners=preconditioners,
+            statistics=tuple(statistics),
+            preconditioners=tuple(preconditioners),
             diagonal_statistics=diagonal,
             diagonal_momentum=init_state(params, self.mu_dtype),
             momentum=init_state(params, self.mu_dtype),
         )
 
+    def unstacked(self, state: ScaleByShampooState) -> ScaleByShampooState:
+        """`state` with the statistics and preconditioners per parameter: trees shaped like the
+        params whose leaves are tuples with one `(blocks, size_j, size_j)` array per dimension
+        `j` of the parameter's merged shape (`()` where it is not preconditioned), blocks in
+        row-major order of its block grid (for inspection and tests; `update` takes the
+        stacked state)."""
+        _, flips, stacks = self._units(state.momentum)
+        treedef = jax.tree_util.tree_structure(state.momentum)
+
+        def per_parameter(stacked):
+            rows = stacks.unstack(stacked)
+            return treedef.unflatten(
+                [() if row is None else tuple(row[::-1] if flip else row) for row, flip in zip(rows, flips)]
+            )
+
+        return state._replace(
+            statistics=per_parameter(state.statistics), preconditioners=per_parameter(state.preconditioners)
+        )
+
     def state_specs(self, params, param_specs):
+        # Stacked statistics and roots lie on their owners (OWNED); the rest follows the params.
         shapes = jax.eval_shape(self.init, params)
-        replicated = lambda tree: jax.tree_util.tree_map(lambda _: REPLICATED, tree)  # noqa: E731
+        owned = lambda tree: jax.tree_util.tree_map(lambda _: OWNED, tree)  # noqa: E731
         return ScaleByShampooState(
             count=REPLICATED,
-            statistics=replicated(shapes.statistics),
-            preconditioners=replicated(shapes.preconditioners),
+            statistics=owned(shapes.statistics),
+            preconditioners=owned(shapes.preconditioners),
             diagonal_statistics=None if shapes.diagonal_statistics is None else param_specs,
             diagonal_momentum=param_specs,
             momentum=param_specs,
@@ -345,83 +412,120 @@ class ScaleByShampoo(AbstractTransform):
                     "(`modopt.experimental.split_real_and_imaginary`)."
                 )
         param_leaves = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
-        columns = [
-            treedef.flatten_up_to(x)
-            for x in (state.statistics, state.preconditioners, state.diagonal_momentum, state.momentum)
-        ]
+        diagonal_momentum, momentum = (treedef.flatten_up_to(x) for x in (state.diagonal_momentum, state.momentum))
         diagonal = [None] * len(grads)
         if state.diagonal_statistics is not None:
             diagonal = treedef.flatten_up_to(state.diagonal_statistics)
-        statistics, preconditioners, diagonal_momentum, momentum = columns
-        layouts = [None if g is None else self.layout(g.shape) for g in grads]
-        blocks = [None if lay is None else lay.split(g.astype(jnp.float32)) for g, lay in zip(grads, layouts)]
-
-        statistics = self._statistics(blocks, layouts, statistics, count)
-        preconditioners = self._preconditioners(statistics, preconditioners, layouts, count)
+        preconditioned, statistics, preconditioners = self._blocks(grads, state, params)
 
         out = []
         for i, g in enumerate(grads):
             if g is None:
                 out.append((None, diagonal[i], diagonal_momentum[i], momentum[i]))
                 continue
-            precond = None
-            if layouts[i] is not None:
-                precond = layouts[i].merge(_precondition(blocks[i], preconditioners[i]), g.shape)
             out.append(
-                self._one(g, precond, param_leaves[i], diagonal[i], diagonal_momentum[i], momentum[i], count)
+                self._one(g, preconditioned[i], param_leaves[i], diagonal[i], diagonal_momentum[i], momentum[i], count)
             )
         new_updates, new_diagonal, new_diagonal_momentum, new_momentum = (
             treedef.unflatten([o[j] for o in out]) for j in range(4)
         )
         return new_updates, ScaleByShampooState(
             count=safe_increment(count),
-            statistics=treedef.unflatten(statistics),
-            preconditioners=treedef.unflatten(preconditioners),
+            statistics=statistics,
+            preconditioners=preconditioners,
             diagonal_statistics=None if state.diagonal_statistics is None else new_diagonal,
             diagonal_momentum=new_diagonal_momentum,
             momentum=new_momentum,
         )
 
-    def _statistics(self, blocks, layouts, statistics, count):
+    def _blocks(self, grads, state, params):
+        """Per parameter, the Shampoo direction (`None` where it is not preconditioned or has no
+        update), and the new stacked statistics and preconditioners: the blocks' work, on their
+        owners on a mesh (`modopt.sharding.run_per_unit`)."""
+        layouts, flips, stacks = self._units(state.momentum)
+        if not len(stacks):
+            return [None] * len(grads), state.statistics, state.preconditioners
+        mesh = current_mesh()
+        shapes = [jnp.shape(m) for m in jax.tree_util.tree_leaves(state.momentum)]
+        specs = specs_of(params, state.momentum) if params is not None else specs_of(state.momentum)
+        # A leaf without an update (`None`) keeps its blocks' state: masked out of the work.
+        missing = any(g is None and lay is not None for g, lay in zip(grads, layouts))
+        leaves, extras = [], []
+        for g, lay, flip, shape, spec in zip(grads, layouts, flips, shapes, specs):
+            if lay is None:
+                leaves.append(None)
+                extras.append(None)
+                continue
+            turned = flip and mesh is not None  # on a mesh, computed as its transpose
+            x = jnp.zeros(shape, jnp.float32) if g is None else g.astype(jnp.float32)
+            leaves.append(LeafUnits((x,), lay.units(shape)._replace(swap=turned), spec))
+            valid = np.stack(lay.valid, axis=1)  # per block, its true size along each dimension
+            extra = (np.ascontiguousarray(valid[:, ::-1]) if turned else valid,)
+            extras.append(extra + ((np.full(lay.blocks, g is not None),) if missing else ()))
+
+        def work(kinds, pieces, states):
+            # Each piece in its blocks' order: a flipped leaf's own (without a mesh) reverses its kind's.
+            own = [x.shape[1:] != kind.sizes for kind, (x, _) in zip(kinds, pieces)]
+            turn = lambda t, flip: tuple(t[::-1]) if flip else tuple(t)  # noqa: E731
+            blocks = [x for x, _ in pieces]
+            extra = [e for _, e in pieces]
+            stats = [turn(s, f) for (s, _), f in zip(states, own)]
+            old = [turn(p, f) for (_, p), f in zip(states, own)]
+            padded = [turn(kind.padded, f) for kind, f in zip(kinds, own)]
+            stats = self._statistics(blocks, stats, extra, state.count)
+            precs = self._preconditioners(stats, old, padded, [k.exponent for k in kinds], extra, state.count, mesh)
+            outs = [(_precondition(x, p),) for x, p in zip(blocks, precs)]
+            return outs, [(turn(s, f), turn(p, f)) for s, p, f in zip(stats, precs, own)]
+
+        stacked = list(zip(state.statistics, state.preconditioners))
+        done, new = run_per_unit(work, stacks, leaves, stacked, mesh, extras=extras)
+        preconditioned = [None if d is None or g is None else d[0] for d, g in zip(done, grads)]
+        return preconditioned, tuple(s for s, _ in new), tuple(p for _, p in new)
+
+    def _statistics(self, blocks, statistics, extras, count):
         """The statistics after this step's gradients (every `statistics_compute_steps` steps)."""
         beta2 = self.beta2
         w2 = jnp.where(jnp.asarray(beta2) == 1.0, 1.0, 1 - beta2)
         due = count % self.statistics_compute_steps == 0
         new = []
-        for x, layout, stats in zip(blocks, layouts, statistics):
-            if layout is None:
-                new.append(stats)
-                continue
-            new.append(tuple(jnp.where(due, beta2 * s + w2 * _gram(x, j), s) for j, s in enumerate(stats)))
+        for x, stats, extra in zip(blocks, statistics, extras):
+            fresh = tuple(jnp.where(due, beta2 * s + w2 * _gram(x, j), s) for j, s in enumerate(stats))
+            if len(extra) > 1:  # blocks without an update keep theirs
+                fresh = tuple(jnp.where(extra[1][:, None, None], f, s) for f, s in zip(fresh, stats))
+            new.append(fresh)
         return new
 
-    def _preconditioners(self, statistics, preconditioners, layouts, count):
-        """The preconditioners, recomputed every `preconditioning_compute_steps` steps.
+    def _preconditioners(self, statistics, preconditioners, padded, exponents, extras, count, mesh):
+        """The preconditioners, recomputed every `preconditioning_compute_steps` steps (all of
+        them under one `lax.cond`).
 
-        Statistics of one block size and root are stacked, so one batched inverse root serves
-        them all (with each block's true size as its padding start, where some are padded: a
-        full block's mask is all ones, which changes none of its numbers)."""
+        Without a mesh, the statistics of one block size and root are concatenated over the
+        parameters, so one batched inverse root serves them all (with each block's true size as
+        its padding start, where some are padded: a full block's mask is all ones, which
+        changes none of its numbers). On a mesh, each stack's statistics of each dimension are
+        one batch, computed where the stack lies."""
         groups: dict[tuple, list] = {}
-        for i, layout in enumerate(layouts):
-            if layout is None:
-                continue
-            for j, size in enumerate(layout.sizes):
-                groups.setdefault((size, self.exponent(layout)), []).append((i, j))
-        if not groups:
-            return preconditioners
+        for i, stats in enumerate(statistics):
+            for j, s in enumerate(stats):
+                key = (s.shape[-1], exponents[i]) if mesh is None else (i, j)
+                groups.setdefault(key, []).append((i, j))
         keys = list(groups)
-        stacked = [jnp.concatenate([statistics[i][j] for i, j in groups[k]]) for k in keys]
-        old = [jnp.concatenate([preconditioners[i][j] for i, j in groups[k]]) for k in keys]
-        valid = [np.concatenate([layouts[i].valid[j] for i, j in groups[k]]) for k in keys]
+        stacked = [_concatenate([statistics[i][j] for i, j in groups[k]]) for k in keys]
+        old = [_concatenate([preconditioners[i][j] for i, j in groups[k]]) for k in keys]
+        valid = [_concatenate([extras[i][0][:, j] for i, j in groups[k]]) for k in keys]
+        active = [_concatenate([extras[i][1] for i, _ in groups[k]]) if len(extras[0]) > 1 else None for k in keys]
+        masked = [any(padded[i][j] for i, j in groups[k]) for k in keys]
 
         def compute(stacked, old):
             new = []
-            for (size, p), stats, previous, sizes in zip(keys, stacked, old, valid):
-                padded = bool(np.any(sizes < size))
+            for stats, previous, sizes, keep, pad, i in zip(stacked, old, valid, active, masked, groups.values()):
+                p = exponents[i[0][0]]
                 roots, errors = jax.vmap(
-                    lambda m, n, p=p, padded=padded: self._root(m, p, n if padded else None)
+                    lambda m, n, p=p, pad=pad: self._root(m, p, n if pad else None)
                 )(stats, jnp.asarray(sizes))
                 failed = jnp.isnan(errors) | (errors >= self.inverse_failure_threshold)
+                if keep is not None:
+                    failed = failed | ~jnp.asarray(keep)
                 new.append(jnp.where(failed[:, None, None], previous, roots))
             return new
 
@@ -431,8 +535,8 @@ class ScaleByShampoo(AbstractTransform):
         for k, stack in zip(keys, new):
             start = 0
             for i, j in groups[k]:
-                n = layouts[i].blocks
-                result[i][j] = stack[start : start + n]
+                n = statistics[i][j].shape[0]
+                result[i][j] = stack[start : start + n] if len(groups[k]) > 1 else stack
                 start += n
         return [tuple(p) for p in result]
 
@@ -501,6 +605,13 @@ class ScaleByShampoo(AbstractTransform):
             rms = jnp.linalg.norm(update) / jnp.sqrt(float(update.size))
             update = update / jnp.maximum(1.0, rms / self.clip_by_scaled_gradient_norm)
         return update, new_diagonal
+
+
+def _concatenate(arrays: list) -> Any:
+    """`arrays` concatenated along axis 0 (NumPy's for NumPy arrays; one array as it is)."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return (np if all(isinstance(a, np.ndarray) for a in arrays) else jnp).concatenate(arrays)
 
 
 def _gram(blocks: jax.Array, dim: int) -> jax.Array:

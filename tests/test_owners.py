@@ -1,0 +1,230 @@
+"""The owner scheme's parts, on one device: units, stacks, the packing of parts, spec rules, and
+the reading of communication from compiled programs.
+
+Each check compares with NumPy slicing written here or with numbers worked out by hand. The
+scheme on real meshes (8 simulated devices and 2 processes) is in `test_owners_mesh.py`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
+import modopt
+from modopt.sharding._cost import compiled_cost
+from modopt.sharding._owners import (
+    LeafUnits,
+    UnitMap,
+    UnitStacks,
+    _pack,
+    _unpack,
+    matrix_map,
+    owner_axes,
+    run_per_unit,
+    whole_map,
+)
+
+MESH = AbstractMesh((2, 4), ("data", "model"))
+
+
+def arange(shape):
+    return jnp.arange(int(np.prod(shape)), dtype=jnp.float32).reshape(shape)
+
+
+def test_matrix_units_are_the_weight_slices():
+    """A (3, 4, 5) weight with batch axis 1, rows axis 2 and columns axis 0: unit b is
+    `x[:, b, :].T`; with `swap`, its transpose."""
+    x = arange((3, 4, 5))
+    units = matrix_map(x.shape, (1,), (2,), (0,))
+    stacked = np.asarray(units.to_units(x))
+    assert stacked.shape == (4, 5, 3) and units.count == 4 and units.unit_shape == (5, 3)
+    for b in range(4):
+        np.testing.assert_array_equal(stacked[b], np.asarray(x)[:, b, :].T)
+    np.testing.assert_array_equal(units.from_units(units.to_units(x)), x)
+    swapped = units._replace(swap=True)
+    assert swapped.unit_shape == (3, 5)
+    np.testing.assert_array_equal(np.asarray(swapped.to_units(x))[2], np.asarray(x)[:, 2, :])
+    np.testing.assert_array_equal(swapped.from_units(swapped.to_units(x)), x)
+
+
+def test_blocks_are_padded_slices_in_row_major_order():
+    """A (10, 7) matrix in blocks of 4: a 3 x 2 grid of (4, 4) blocks, zero-padded at the edges,
+    in row-major order of the grid (Shampoo's blocking)."""
+    x = arange((10, 7))
+    units = UnitMap((10, 7), (0, 1), (1, 1), (3, 2), (4, 4))
+    stacked = np.asarray(units.to_units(x))
+    padded = np.zeros((12, 8), np.float32)
+    padded[:10, :7] = np.asarray(x)
+    expected = [padded[4 * i : 4 * i + 4, 4 * j : 4 * j + 4] for i in range(3) for j in range(2)]
+    np.testing.assert_array_equal(stacked, np.stack(expected))
+    np.testing.assert_array_equal(units.from_units(units.to_units(x)), x)
+
+
+def test_whole_units_merge_and_permute():
+    """A channels-last (2, 3, 3, 5) tensor put channels first and its last three axes merged:
+    one (2, 45) unit equal to NumPy's transpose and reshape."""
+    x = arange((2, 3, 3, 5))
+    units = whole_map(x.shape, ((0,), (1, 2, 3)), perm=(0, 3, 1, 2))
+    np.testing.assert_array_equal(units.to_units(x)[0], np.asarray(x).transpose(0, 3, 1, 2).reshape(2, 45))
+    np.testing.assert_array_equal(units.from_units(units.to_units(x)), x)
+    scalar = whole_map(())
+    assert scalar.to_units(jnp.float32(3.0)).shape == (1,) and float(scalar.from_units(jnp.ones((1,)))) == 1.0
+
+
+@pytest.mark.parametrize(
+    "units, spec, expected",
+    [
+        (matrix_map((8, 16), (), (0,), (1,)), P("model", None), (("model",), ())),  # rows split
+        (matrix_map((8, 16), (), (0,), (1,), swap=True), P("model", None), ((), ("model",))),  # transposed
+        (matrix_map((8, 16), (), (0,), (1,)), P(("data", "model"), None), (("data", "model"), ())),
+        (matrix_map((4, 8, 16), (0,), (1,), (2,)), P("data"), None),  # the stack axis is split
+        (whole_map((8, 2, 16), ((0, 1), (2,))), P("model"), (("model",), ())),  # leads its merge
+        (whole_map((2, 8, 16), ((0, 1), (2,))), P(None, "model"), None),  # inside its merge
+        (UnitMap((16, 8), (0, 1), (1, 1), (4, 1), (4, 8)), P(None, "model"), ((), ("model",))),
+        (UnitMap((16, 8), (0, 1), (1, 1), (4, 1), (4, 8)), P("model", None), None),  # across blocks
+    ],
+)
+def test_unit_axes_follow_the_leaf_split(units, spec, expected):
+    assert units.unit_axes(spec, MESH) == expected
+
+
+@pytest.mark.parametrize("layout", [(("model",), ()), ((), ("model",)), (("data",), ("model",)), (("model",), ("data",))])
+def test_packing_puts_each_device_part_in_its_slot(layout):
+    """Packed `(n, parts, part)`: part `p` (parts numbered in mesh order, "data" major) is the
+    block of the unit that device `p` holds when the unit's dimensions are split as `layout`;
+    unpacking inverts it."""
+    units = arange((3, 8, 12))
+    packed = np.asarray(_pack(units, layout, MESH))
+    ways = [int(np.prod([MESH.shape[a] for a in names])) for names in layout]
+    assert packed.shape == (3, ways[0] * ways[1], 96 // (ways[0] * ways[1]))
+    for data in range(2):
+        for model in range(4):
+            coordinate = {"data": data, "model": model}
+            part = (data * 4 + model) if ways[0] * ways[1] == 8 else model
+
+            def block(size, names):
+                if not names:
+                    return slice(None)
+                step = size // MESH.shape[names[0]]
+                return slice(coordinate[names[0]] * step, (coordinate[names[0]] + 1) * step)
+
+            expected = np.asarray(units)[:, block(8, layout[0]), block(12, layout[1])].reshape(3, -1)
+            np.testing.assert_array_equal(packed[:, part], expected)
+    np.testing.assert_array_equal(_unpack(jnp.asarray(packed), layout, (8, 12), MESH), units)
+
+
+def test_owner_axes_take_the_largest_divisor():
+    assert owner_axes(16, MESH) == ("data", "model")
+    assert owner_axes(4, MESH) == ("model",)
+    assert owner_axes(6, MESH) == ("data",)
+    assert owner_axes(3, MESH) == ()
+    assert modopt.sharding.owner_spec(8, MESH) == P(("data", "model"))
+
+
+def test_stacks_group_by_kind_in_order_of_first_leaf():
+    stacks = UnitStacks(["a", None, "b", "a"], [2, 0, 1, 3])
+    assert stacks.kinds == ("a", "b") and stacks.members == ((0, 3), (2,)) and stacks.size(0) == 5
+    per_leaf = [arange((2, 2)), None, arange((1, 2)) + 100, arange((3, 2)) + 10]
+    stacked = stacks.stack(per_leaf)
+    np.testing.assert_array_equal(stacked[0], np.concatenate([per_leaf[0], per_leaf[3]]))
+    back = stacks.unstack(stacked)
+    assert back[1] is None
+    for a, b in zip(back, per_leaf):
+        if b is not None:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_without_a_mesh_each_leaf_is_its_own_piece():
+    """Without a mesh the work sees each leaf's units with its rows of the stack's state, and the
+    new state is stacked back in order."""
+    x, y, z = arange((4, 6)), arange((4, 6)) + 1, arange((3, 3))
+    leaves = [LeafUnits((v,), whole_map(v.shape)) for v in (x, y, z)]
+    stacks = UnitStacks([v.shape for v in (x, y, z)], [1, 1, 1])
+    state = [jnp.arange(2.0), jnp.asarray([7.0])]  # one number per unit
+    seen = []
+
+    def work(kinds, pieces, states):
+        seen.append([(kind, piece[0].shape, s.tolist()) for kind, piece, s in zip(kinds, pieces, states)])
+        return [(2 * piece[0],) for piece in pieces], [s + 1 for s in states]
+
+    outs, new = run_per_unit(work, stacks, leaves, state)
+    assert seen == [[((4, 6), (1, 4, 6), [0.0]), ((4, 6), (1, 4, 6), [1.0]), ((3, 3), (1, 3, 3), [7.0])]]
+    for (out,), v in zip(outs, (x, y, z)):
+        np.testing.assert_array_equal(out, 2 * v)
+    np.testing.assert_array_equal(new[0], [1.0, 2.0])
+    np.testing.assert_array_equal(new[1], [8.0])
+
+
+# Programs written by hand in XLA's text format: each collective's bytes are worked out below.
+_HLO = """HloModule step, num_partitions=8
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%body (p: (s32[], f32[16,64])) -> (s32[], f32[16,64]) {
+  %p = (s32[], f32[16,64]{1,0}) parameter(0)
+  %x = f32[16,64]{1,0} get-tuple-element(%p), index=1
+  %gathered = f32[128,64]{1,0} all-gather(%x), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %t = (s32[], f32[16,64]{1,0}) tuple(%i, %x)
+}
+
+%cond (p: (s32[], f32[16,64])) -> pred[] {
+  %p = (s32[], f32[16,64]{1,0}) parameter(0)
+  ROOT %lt = pred[] constant(true)
+}
+
+%cheap (q: f32[16,64]) -> f32[16,64] {
+  ROOT %q = f32[16,64]{1,0} parameter(0)
+}
+
+%costly (q: f32[16,64]) -> f32[16,64] {
+  %q = f32[16,64]{1,0} parameter(0)
+  ROOT %r = f32[16,64]{1,0} all-reduce(%q), channel_id=2, replica_groups={{0,1},{2,3},{4,5},{6,7}}, to_apply=%add
+}
+
+ENTRY %main (x: f32[16,64], c: s32[]) -> f32[16,64] {
+  %x = f32[16,64]{1,0} parameter(0)
+  %c = s32[] parameter(1)
+  %init = (s32[], f32[16,64]{1,0}) tuple(%c, %x)
+  %loop = (s32[], f32[16,64]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %moved = (f32[2,4,64]{2,1,0}, f32[2,4,64]{2,1,0}) all-to-all(%x, %x), channel_id=3, replica_groups=mesh['a'=2,'b'=4] {'b'}, dimensions={0}
+  %started = (f32[16,64]{1,0}, f32[64,64]{1,0}) all-gather-start(%x), channel_id=4, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}
+  %done = f32[64,64]{1,0} all-gather-done(%started)
+  %swapped = f32[16,64]{1,0} collective-permute(%x), channel_id=5, source_target_pairs={{0,1},{1,0}}
+  %branch = s32[] constant(0)
+  ROOT %out = f32[16,64]{1,0} conditional(%branch, %x, %x), branch_computations={%cheap, %costly}
+}
+"""
+
+
+def test_collective_bytes_read_from_a_program():
+    """By hand: the loop's all-gather of a 128x64 float32 array over 8 devices receives 7/8 of
+    32768 bytes, 5 times; the all-to-all of two 2x4x64 arrays over the 4 devices of axis 'b'
+    receives 3/4 of 4096 bytes; the async all-gather to 64x64 over groups of 4 receives 3/4 of
+    16384; the permute receives its 4096 bytes; the costly branch's all-reduce of 4096 bytes over
+    pairs receives 2 * 1/2 of them."""
+    cost = compiled_cost(_HLO)
+    loop = 5 * 32768 * 7 / 8
+    rest = 4096 * 3 / 4 + 16384 * 3 / 4 + 4096
+    assert cost.received_bytes == pytest.approx(loop + rest)
+    assert cost.received_bytes_costliest == pytest.approx(loop + rest + 4096)
+    assert cost.by_kind() == pytest.approx(
+        {"all-gather": loop + 16384 * 3 / 4, "all-to-all": 4096 * 3 / 4, "collective-permute": 4096}
+    )
+    assert cost.unknown_trip_counts == 0
+    assert {c.group_size for c in cost.collectives} == {8, 4, 8}
+
+
+def test_compiled_cost_of_a_program_without_collectives():
+    compiled = jax.jit(lambda x: (x @ x.T).sum()).lower(jnp.ones((8, 8))).compile()
+    cost = compiled_cost(compiled)
+    assert cost.received_bytes == 0 and cost.collectives == ()
+    assert cost.flops >= 2 * 8 * 8 * 8  # the product, at least

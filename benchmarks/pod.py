@@ -202,8 +202,22 @@ def timed(fn, args, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure(name: str, layout: str, size: dict, *, time_steps: bool = True) -> dict:
-    """One optimizer on one layout: the row of the table (see the module's docstring)."""
+def _relative_difference(ours, reference) -> float:
+    """The largest difference of any leaf, in units of that leaf's largest magnitude."""
+    worst = 0.0
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(reference)):
+        if not jnp.issubdtype(b.dtype, jnp.floating) or not b.size:
+            continue
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), np.finfo(np.float32).tiny)))
+    return worst
+
+
+def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, check_steps: int = 0) -> dict:
+    """One optimizer on one layout: the row of the table (see the module's docstring). With
+    `check_steps`, the sharded optimizer step also runs that many times beside the one-device
+    step on the same gradients, and the row has the largest relative difference of their
+    parameters and states ("difference from one device")."""
     make, period = OPTIMIZERS[name]
     mesh, spec_fn, zero_axis, batch_spec = layouts()[layout]
     shapes = model_shapes(size["layers"], size["width"], size["vocab"])
@@ -239,6 +253,17 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True) -> d
         "collectives": {kind: b / unit for kind, b in cost.by_kind().items()},
         "unknown trip counts": cost.unknown_trip_counts,
     }
+    if check_steps:
+        one = (host_params, single)
+        sharded = (jax.device_put(host_params, shardings), modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis))
+        for i in range(check_steps):
+            g = make_params(shapes, jax.random.key(100 + i))
+            one = single_compiled(*one, g)
+            sharded = compiled(*sharded, jax.device_put(g, shardings))
+            jax.block_until_ready(sharded)  # queued sharded steps can deadlock XLA's CPU collectives
+        row["difference from one device"] = _relative_difference(
+            (sharded[0], sharded[1].state), (one[0], one[1].state)
+        )
     if time_steps:
         row["optimizer step seconds"] = timed(compiled, (params, optimizer, grads), size["repeats"])
         params = jax.device_put(host_params, shardings)

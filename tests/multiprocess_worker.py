@@ -14,6 +14,9 @@ Cases:
   (the writer lock is held once, by process 0, refreshed by its heartbeat; a second manager
   is refused in every process); process 1 is killed in the middle of saving step `KILLED_AT`
   (`SIGKILL` once its arrays are written, before the step is committed).
+- `owners`: every matrix optimizer (the Muon family, Shampoo, SOAP, Kron), whose per-matrix
+  work runs on one owner device per matrix (`modopt.sharding`'s owner scheme), gives the
+  unsharded steps on the mesh spanning the processes, with and without ZeRO-1.
 - `resume`: a restart, as a pod restarts every host: restores the latest step (target and
   saved hyperparameters, a Python number in the target), takes the writer lock over from the
   killed run, trains to `STEPS` with saves, and must end bit-exact on the reference; then runs
@@ -138,11 +141,11 @@ def gathered(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in whole]
 
 
-def unsharded_reference(steps: int) -> tuple[dict, modopt.Optimizer]:
+def unsharded_reference(steps: int, tx=None) -> tuple[dict, modopt.Optimizer]:
     """The same steps on one device of this process, from plain NumPy inputs: (params, optimizer)."""
     device = jax.local_devices()[0]
     params = jax.device_put(make_params(), device)
-    optimizer = modopt.Optimizer(make_tx(), params)
+    optimizer = modopt.Optimizer(make_tx() if tx is None else tx, params)
     step = jax.jit(train_step)
     for i in range(steps):
         params, optimizer, _ = step(params, optimizer, jax.device_put(global_batch(i), device))
@@ -364,13 +367,39 @@ def run_pod_example(directory: str) -> dict:
     return namespace
 
 
+# The matrix optimizers, each with refreshes inside the 3 steps; the tolerance of the registry's
+# sharded checks (Newton-Schulz amplifies the rounding of sums taken in another order).
+MATRIX_OPTIMIZERS = {
+    "muon": (lambda: modopt.contrib.muon(0.02), 1e-3),
+    "normuon": (lambda: modopt.normuon(0.02), 1e-3),
+    "adamuon": (lambda: modopt.adamuon(0.02), 1e-3),
+    "shampoo": (lambda: modopt.shampoo(1e-2, block_size=8, start_preconditioning_step=1), 1e-5),
+    "soap": (lambda: modopt.soap(3e-3, precondition_frequency=2), 2e-4),
+    "kron": (lambda: modopt.kron(), 1e-5),
+}
+
+
+def owners() -> None:
+    """Each matrix optimizer on the mesh spanning the processes equals it on one device."""
+    log("started")
+    run = Run()
+    for name, (make, tolerance) in MATRIX_OPTIMIZERS.items():
+        expected = [np.asarray(x) for x in jax.tree.leaves(unsharded_reference(3, make()))]
+        for zero in (False, True):
+            params = run.params()
+            optimizer = modopt.Optimizer(make(), params, shardings=run.shardings, zero_axis="data" if zero else None)
+            params, optimizer = run.train(params, optimizer, range(3))
+            assert_leaves(gathered((params, optimizer)), expected, f"{name}, 3 sharded steps, zero={zero}", tolerance)
+        ok(f"owners: {name} on 2 processes equals one device")
+
+
 def reference(step: int, directory: str = "") -> list[np.ndarray]:
     """The straight run's parameters and optimizer after `step` steps, leaf by leaf."""
     with np.load(reference_path(step, directory)) as saved:
         return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 
 
-CASES = {"train": train, "resume": resume}
+CASES = {"train": train, "resume": resume, "owners": owners}
 
 
 def main() -> None:

@@ -188,6 +188,18 @@ def test_pods_page_example_in_two_processes_then_one(run):
     assert float(second.group(1)) < float(first.group(1))
 
 
+def test_matrix_optimizers_on_owners_across_two_processes(tmp_path):
+    """The Muon family, Shampoo, SOAP and Kron on the (2, 2) mesh spanning 2 processes, with their
+    per-matrix work on owner devices (with and without ZeRO-1 over the processes' axis): the
+    unsharded steps, within the registry's tolerances."""
+    from multiprocess_worker import MATRIX_OPTIMIZERS
+
+    statuses, outputs = launch("owners", tmp_path, grace=5.0)
+    assert statuses == [0, 0], f"{statuses}\n{shown(outputs)}"
+    for name in MATRIX_OPTIMIZERS:
+        assert len(lines(outputs, f"owners: {name} on 2 processes")) == 2, shown(outputs)
+
+
 def test_main_job_in_two_processes_ends_as_in_one(tmp_path, monkeypatch):
     """`digits --processes 2` (data-parallel, each process one CPU device, half of each batch)
     ends as the run in one process: the same epoch lines, and final weights within 1e-6.

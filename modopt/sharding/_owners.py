@@ -352,9 +352,10 @@ def run_per_unit(
         leaves: per leaf, its `LeafUnits`, or `None` for a leaf without units.
         state: per stack, the state of its units (`None`: no state).
         mesh: the mesh (`current_mesh()`), or `None`.
-        extras: per leaf, an array (or a pytree of arrays) with one row per unit that the work
-            also needs (a PRNG key per unit, say): handed to `fn` after the inputs, in each
-            piece's tuple, stacked and moved with the units.
+        extras: per leaf, a small array (or a pytree of them) with one row per unit that the
+            work also needs (a PRNG key per unit, say): handed to `fn` after the inputs, in each
+            piece's tuple. On a mesh they are made whole on every device (they are small), and
+            each owner takes its rows.
 
     Returns:
         Per leaf, the tuple of its outputs shaped like the leaf (`None` for a leaf without
@@ -381,13 +382,14 @@ def run_per_unit(
     states = list(state) if state is not None else [None] * len(stacks)
     moves = [_Move(stacks, s, leaves, mesh, pad=states[s] is None) for s in range(len(stacks))]
     pieces = [move.to_owners() for move in moves]
-    if extras is not None:  # small per-unit data: stacked and moved as XLA decides
+    if extras is not None:  # small per-unit data: made whole on every device, each owner takes its rows
+        replicated = NamedSharding(mesh, PartitionSpec())
         pieces = [
-            (*piece, _constrain(_pad_tree(stacked, move.length), move.owner_sharding))
+            (*piece, _constrain(_pad_tree(_constrain(stacked, replicated), move.length), move.owner_sharding))
             for piece, stacked, move in zip(pieces, stacks.stack(extras), moves)
         ]
     placed = [None if st is None else _constrain(st, move.owner_sharding) for st, move in zip(states, moves)]
-    outs, new = fn(list(stacks.kinds), pieces, placed)
+    outs, new = _on_each_owner(fn, list(stacks.kinds), pieces, placed, [move.owner_sharding.spec for move in moves], mesh)
     per_leaf = [None] * len(leaves)
     for move, out in zip(moves, outs):
         for leaf, arrays in move.from_owners(out).items():
@@ -396,13 +398,42 @@ def run_per_unit(
     return per_leaf, new_states
 
 
+_LOCAL: contextvars.ContextVar[bool] = contextvars.ContextVar("modopt_owner_local", default=False)
+
+
+def _on_each_owner(fn: StackFn, kinds: list, pieces: list, states: list, specs: list, mesh: Any) -> tuple[list, list]:
+    """`fn` run by every device on the units it owns (`jax.shard_map`): the partitioner never
+    splits the per-matrix work, so it adds no collective inside it."""
+
+    def local(pieces, states):
+        token = _LOCAL.set(True)
+        try:
+            outs, new = fn(kinds, pieces, states)
+        finally:
+            _LOCAL.reset(token)
+        return [tuple(out) for out in outs], list(new)
+
+    # Each piece's specs are a prefix of its inputs, outputs and state: all split as its stack.
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(list(specs), list(specs)), out_specs=(list(specs), list(specs)), check_vma=False
+    )(pieces, states)
+
+
 def per_unit(fn: Callable[..., Any], count: int, *args: Any, **kwargs: Any) -> Any:
-    """`fn` on each unit of arguments stacked along axis 0 (`jax.vmap`), or called on the one
-    unit as it is when `count` is 1: a leaf that is one unit (a whole matrix) runs the very
-    code of the single-device path, unbatched."""
+    """`fn` on each unit of arguments stacked along axis 0, or called on the one unit as it is
+    when `count` is 1 (a leaf that is one unit, a whole matrix, runs the very code of the
+    single-device path, unbatched).
+
+    Several units are batched (`jax.vmap`), except on a CPU device's own units in the owner
+    scheme, where they run one after the other (`jax.lax.map`): there every simulated device
+    runs on the thread pool that jaxlib's batched LAPACK kernels (triangular solves,
+    eigendecompositions) split their batches over, and eight devices waiting for their
+    batches' tasks can take every thread of it (a deadlock)."""
     if count == 1:
         out = fn(*jax.tree_util.tree_map(lambda x: x[0], args), **kwargs)
         return jax.tree_util.tree_map(lambda x: x[None], out)
+    if _LOCAL.get() and jax.default_backend() == "cpu":
+        return jax.lax.map(lambda xs: fn(*xs, **kwargs), args)
     return jax.vmap(functools.partial(fn, **kwargs))(*args)
 
 

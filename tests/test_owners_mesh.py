@@ -1,0 +1,78 @@
+"""The owner scheme on 8 simulated devices: what each matrix optimizer's step costs, read from its
+compiled program, stays within bounds, and its numbers are one device's.
+
+The work is in `owners_mesh_worker.py` (one process per group of optimizers: the device count
+must be set before jax is imported). Per optimizer and layout (FSDP; tensor parallelism with
+ZeRO-1), on the transformer of `benchmarks/pod.py` at its smoke size:
+
+- communication: the bytes each device receives through collectives in one step, in units of
+  P/N (one device's share of the parameters' float32 bytes), on a plain step and on a refresh
+  step, within `pod.GOALS`: a full all-gather of a statistic, or collectives inside the
+  Newton-Schulz loop, would cost several times more;
+- repeated work: per-device FLOPs times 8 over one device's, at most `pod.GOALS["repeated work"]`
+  (a matrix computed on every device instead of its owner would cost up to 8);
+- state: the most state bytes on a device over an even split, at most `pod.GOALS["state"]`;
+- the parameters and state after 2 steps equal the one-device step's within the tolerance the
+  registry's sharded checks use (Newton-Schulz amplifies the rounding of reordered sums; SOAP's
+  eigenvectors move with the gap between eigenvalues).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+WORKER = os.path.join(os.path.dirname(__file__), "owners_mesh_worker.py")
+TIMEOUT = 900
+GROUPS = [["muon", "normuon", "adamuon", "adamw"], ["shampoo"], ["soap", "kron"]]
+TOLERANCE = {"muon": 1e-3, "normuon": 1e-3, "adamuon": 1e-3, "soap": 2e-4}
+
+
+@pytest.fixture(scope="module", params=GROUPS, ids=["+".join(g) for g in GROUPS])
+def rows(request):
+    try:
+        result = subprocess.run([sys.executable, WORKER, *request.param], capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"owners_mesh_worker.py {' '.join(request.param)} did not finish in {TIMEOUT} s (a collective deadlock?)")
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-6000:]}"
+    found = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("goals "):
+            found["goals"] = json.loads(line.split(" ", 1)[1])
+        if line.startswith("row "):
+            _, name, layout, data = line.split(" ", 3)
+            found[(name, layout)] = json.loads(data)
+    return request.param, found
+
+
+def test_each_step_within_its_bounds_and_equal_to_one_device(rows):
+    names, found = rows
+    bounds = found["goals"]
+    failures = []
+    for name in names:
+        for layout in ("fsdp", "tp+zero1"):
+            row = found.get((name, layout))
+            assert row is not None, f"no row for {name} on {layout}"
+            limit = bounds["communication"][layout].get(name)
+            checks = {
+                "communication": (row["communication"], limit),
+                "communication on a refresh": (row["communication on a refresh"], bounds["refresh"] if limit else None),
+                "repeated work": (row["repeated work"], bounds["repeated work"]),
+                "state": (row["state"], bounds["state"]),
+                "difference from one device": (row["difference from one device"], TOLERANCE.get(name, 1e-5)),
+            }
+            for what, (value, bound) in checks.items():
+                if bound is not None and not value <= bound:
+                    failures.append(f"{name} on {layout}: {what} {value:.3g} > {bound}")
+    assert not failures, "\n".join(failures)
+
+
+def test_adamw_moves_nothing_under_fsdp(rows):
+    """AdamW's step is elementwise: under FSDP it receives nothing (the baseline of the table)."""
+    names, found = rows
+    if "adamw" in names:
+        assert found[("adamw", "fsdp")]["communication"] == 0

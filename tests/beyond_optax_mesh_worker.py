@@ -13,7 +13,10 @@ freshly created `Optimizer(tx, params, shardings=..., zero_axis=...)`, and train
   result equals the straight run bit for bit (the same compiled step serves both);
 - `B`, a 4 x 2 ("fsdp", "tensor") mesh with the parameters split another way over "tensor"
   and ZeRO-1 over "fsdp" (`zero_axis="fsdp"`): state leaves that "fsdp" divides are split
-  over it, the 10 x 10 statistics of SOAP and Kron stay whole along it.
+  over it; the stacked statistics of SOAP, Shampoo and Kron lie on their owners;
+- `C`, a 2 x 2 mesh of 4 of the devices (another device count), FSDP over "data";
+- `one`, a single device without shardings: the state the owner scheme stacked, restored
+  where nothing is split.
 
 Every restored leaf (state, step count, hyperparameters; and the parameters) must lie where
 `modopt.sharding.shardings` puts it on the target layout, before and after training, and on B
@@ -90,9 +93,12 @@ def layouts():
     """name -> (mesh, the parameters' specs, the batch's spec, zero_axis)."""
     a = mesh_of((2, 4), ("data", "model"))
     b = mesh_of((4, 2), ("fsdp", "tensor"))
+    c = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:4])
     return {
         "A": (a, {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None), "w3": P("model", None)}, P("data"), None),
         "B": (b, {"w1": P("tensor", None), "b1": P(), "w2": P(None, "tensor"), "w3": P(None, "tensor")}, P("fsdp"), "fsdp"),
+        "C": (c, {"w1": P("data", None), "b1": P("data"), "w2": P("data", None), "w3": P("data", None)}, P("data"), None),
+        "one": (None, None, None, None),
     }
 
 
@@ -124,12 +130,15 @@ class Run:
 
     def __init__(self, layout):
         self.mesh, specs, batch_spec, self.zero_axis = layout
-        self.params = named(self.mesh, specs)
-        self.batch = NamedSharding(self.mesh, batch_spec)
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        self.params = one if self.mesh is None else named(self.mesh, specs)
+        self.batch = one if self.mesh is None else NamedSharding(self.mesh, batch_spec)
         self.step = jax.jit(train_step)
 
     def start(self, tx):
         params = jax.device_put(make_params(), self.params)
+        if self.mesh is None:
+            return params, modopt.Optimizer(tx, params)
         return params, modopt.Optimizer(tx, params, shardings=self.params, zero_axis=self.zero_axis)
 
     def train(self, params, optimizer, steps):
@@ -140,6 +149,8 @@ class Run:
         return params, optimizer
 
     def expected(self, optimizer):
+        if self.mesh is None:  # every leaf on the one device
+            return jax.tree_util.tree_map(lambda _: self.params, optimizer)
         return modopt.sharding.shardings(optimizer, self.params, zero_axis=self.zero_axis)
 
 
@@ -213,7 +224,8 @@ def main(directory, names):
                 start = time.perf_counter()
                 params, optimizer = restored[f"{name}_params"], restored[f"{name}_optimizer"]
                 expected = run.expected(optimizer)
-                assert_placed(params, run.params, f"{name} on {target}: params")
+                placed_params = run.params if run.mesh is not None else jax.tree_util.tree_map(lambda _: run.params, params)
+                assert_placed(params, placed_params, f"{name} on {target}: params")
                 assert_placed(optimizer, expected, f"{name} on {target}: optimizer")
                 assert int(optimizer.count) == K
                 if run.zero_axis is not None:

@@ -2,10 +2,10 @@
 
 One subprocess (`beyond_optax_mesh_worker.py`, where the device count is set before jax is
 imported) runs every optimizer: `K` steps on a 2 x 4 mesh, an Orbax checkpoint, a restore onto
-the same layout (resumes bit for bit) and onto a 4 x 2 mesh with other axes, other parameter
-splits and ZeRO-1 (every restored leaf where `modopt.sharding.shardings` puts it; resumes
-within the float32 rounding of the other mesh's reduction order, bounds in the worker's
-`TOLERANCE`). Each optimizer's test reads its own lines of that one run.
+the same layout (resumes bit for bit), onto a 4 x 2 mesh with other axes, other parameter
+splits and ZeRO-1, onto a 2 x 2 mesh of 4 devices and onto one device (every restored leaf where
+`modopt.sharding.shardings` puts it; resumes within the float32 rounding of the other
+layout's reduction order, bounds in the worker's `TOLERANCE`). Each optimizer's test reads its own lines of that one run.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ def worker_output(tmp_path_factory):
 @pytest.mark.parametrize("name", NAMES)
 def test_trains_sharded_and_resumes_on_another_mesh(worker_output, name):
     """Restored onto the same layout: N steps straight, bit for bit. Onto another mesh with
-    ZeRO-1: every leaf placed as the target layout asks, and the same numbers within tolerance."""
+    ZeRO-1, onto 4 of the devices and onto one device: every leaf placed as the target layout
+    asks, and the same numbers within tolerance."""
     output = worker_output.stdout
     failure = re.search(rf"^FAIL {name}: .*?(?=^ok |^FAIL |\Z)", output, re.MULTILINE | re.DOTALL)
     assert failure is None, failure.group(0)
-    for layout in ("A", "B"):
+    for layout in ("A", "B", "C", "one"):
         assert re.search(rf"^ok {name} {layout}: ", output, re.MULTILINE), (
             f"no result for {name} on {layout}:\n{output[-2000:]}\n{worker_output.stderr[-4000:]}"
         )

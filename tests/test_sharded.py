@@ -53,8 +53,9 @@ def test_registry_entries_sharded_and_zero(names):
 
 def test_registry_entries_on_explicit_axes():
     """The same on a mesh with Explicit axes, where every array's sharding is typed (a typed
-    PRNG key in the state included: noisy_sgd), with and without ZeRO-1."""
-    names = ["adam", "adafactor_full", "partition", "clip_by_global_norm", "noisy_sgd"]
+    PRNG key in the state included: noisy_sgd; matrix optimizers on owners: muon, kron), with
+    and without ZeRO-1."""
+    names = ["adam", "adafactor_full", "partition", "clip_by_global_norm", "noisy_sgd", "muon", "kron"]
     output = run_worker("registry_explicit", *names)
     for name in names:
         assert f"ok {name} explicit" in output

@@ -72,13 +72,34 @@ def owner_mesh(mesh: Any, placed: Iterable[tuple[Any, PartitionSpec]] = ()) -> I
         _CONTEXT.reset(token)
 
 
+@contextlib.contextmanager
+def more_specs(placed: Iterable[tuple[Any, PartitionSpec]]) -> Iterator[None]:
+    """Within this context, the `owner_mesh` context's arrays and specs, and those of `placed`
+    (the same arrays seen again, inside a function that a transformation traces anew)."""
+    context = _CONTEXT.get()
+    if context is None:
+        yield
+        return
+    pairs = [(x, s) for x, s in placed if isinstance(s, PartitionSpec)]
+    specs = {**context.specs, **{id(x): s for x, s in pairs}}
+    token = _CONTEXT.set(_Context(context.mesh, specs, [*context.keep, *(x for x, _ in pairs)]))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
 def current_mesh() -> Any:
-    """The mesh the per-matrix work is split over, or `None` (no mesh, or a single device)."""
+    """The mesh the per-matrix work is split over, or `None` (no mesh, or a single device).
+
+    On a mesh with Explicit axes the work is traced on Auto axes (`jax.sharding.auto_axes`):
+    there it is the abstract mesh in effect."""
     context = _CONTEXT.get()
     mesh = None if context is None else context.mesh
-    if mesh is None:
-        mesh = jax.sharding.get_abstract_mesh()
-        if mesh is None or mesh.empty:
+    if mesh is None or jax.sharding.AxisType.Explicit in getattr(mesh, "axis_types", ()):
+        current = jax.sharding.get_abstract_mesh()
+        mesh = mesh if current is None or current.empty else current
+        if mesh is None:
             return None
     return mesh if mesh.size > 1 else None
 

@@ -14,7 +14,7 @@ from .._checks import _first_difference
 from .._offload import place, with_memory_kind
 from .._signature import ModelSignature
 from .._specs import NoRule, Owned, is_spec, padded
-from ._owners import owner_spec
+from ._owners import more_specs, owner_spec
 
 
 class Layout:
@@ -392,10 +392,13 @@ def update_on_mesh(tx: Any, grads: Any, state: Any, params: Any, extra_args: dic
     if mesh is None:
         return tx.update(grads, state, params, **extra_args)
     arrays, other = eqx.partition((tx, grads, state, params, extra_args), eqx.is_array)
+    specs = [jax.typeof(x).sharding.spec for x in jax.tree_util.tree_leaves(arrays)]
 
     def update(arrays):
         tx, *args, extra = eqx.combine(arrays, other)
-        return tx.update(*args, **extra)
+        # The arrays traced anew keep their specs for the owner scheme of matrix optimizers.
+        with more_specs(zip(jax.tree_util.tree_leaves(arrays), specs)):
+            return tx.update(*args, **extra)
 
     out_sharding = (_specs_of(params), _specs_of(state))
     with jax.sharding.use_abstract_mesh(mesh):

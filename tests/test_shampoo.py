@@ -511,7 +511,9 @@ def test_unstacked_gives_each_parameter_its_blocks():
         t, u = getattr(view, field)["t"], getattr(view, field)["u"]
         for j in range(2):  # the transpose's statistics are the same matrices, dimensions swapped
             np.testing.assert_allclose(t[j], u[1 - j], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(updates["t"], updates["u"].T, rtol=1e-5, atol=1e-6)  # products in another order
+    np.testing.assert_allclose(
+        updates["t"], updates["u"].T, rtol=1e-5, atol=1e-6
+    )  # products in another order
     single, _ = jax.jit(tx.update)({"t": g}, tx.init({"t": params["t"]}))
     first, _ = jax.jit(tx.update)(grads, tx.init(params))
     np.testing.assert_array_equal(first["t"], single["t"])

@@ -27,8 +27,10 @@ from .._fields import Scalar
 from .._moments import init_state, update_dtype, widen
 from .._numerics import safe_increment
 from .._specs import OWNED, REPLICATED
+from .._specs import padded as spec_entries
 from ..linalg import matrix_inverse_pth_root
 from ..sharding._owners import LeafUnits, UnitMap, UnitStacks, current_mesh, run_per_unit, specs_of
+from jax.sharding import NamedSharding, PartitionSpec
 from jax.typing import DTypeLike
 
 GRAFT_TYPES = ("sgd", "adagrad", "rmsprop", "rmsprop_normalized", "adagrad_normalized", "sqrt_n", "none")
@@ -97,16 +99,36 @@ class _Layout(NamedTuple):
         """Per dimension, whether some block is padded along it."""
         return tuple(bool(np.any(v < s)) for v, s in zip(self.valid, self.sizes))
 
-    def units(self, shape: tuple[int, ...]) -> UnitMap:
-        """The blocks of a parameter of `shape` as units of the owner scheme (`modopt.sharding`)."""
-        groups, start = [], 0
-        for k, d in enumerate(self.shape):  # the parameter's axes merged into each dimension
-            end, product = start + 1, shape[start]
-            while end < len(shape) and (product < d or (k == len(self.shape) - 1)):
+    def units(self, shape: tuple[int, ...], boxed: bool = False) -> UnitMap:
+        """The blocks of a parameter of `shape` as units of the owner scheme (`modopt.sharding`):
+        `(blocks, *sizes)`; with `boxed`, each dimension whose blocks are boxes of the parameter's
+        own axes (a run of whole slices of one axis by the axes after it; not padded) is kept as
+        those axes, so a unit is `(blocks, *box)` (a reshape of the block), whose dimensions
+        follow the parameter's sharding."""
+        groups, pieces, sizes, counted, start = [], [], [], [], 0
+        for k, (d, n, s) in enumerate(zip(self.shape, self.counts, self.sizes)):
+            end, product = start + 1, shape[start]  # the parameter's axes merged into dimension k
+            while end < len(shape) and (product < d or k == len(self.shape) - 1):
                 product, end = product * shape[end], end + 1
-            groups.append(end - start)
+            cut = _box(shape[start:end], n, s) if boxed else None
+            if cut is None:
+                groups.append(end - start)
+                pieces.append(n)
+                sizes.append(s)
+            else:  # the axes before the first one of the box are cut into single slices
+                first = next(i for i, (p, size) in enumerate(cut) if size > 1 or i == len(cut) - 1)
+                counted += [len(groups) + i for i in range(first)]
+                groups += [1] * len(cut)
+                pieces += [p for p, _ in cut]
+                sizes += [size for _, size in cut]
             start = end
-        return UnitMap(tuple(shape), tuple(range(len(shape))), tuple(groups), self.counts, self.sizes)
+        return UnitMap(
+            tuple(shape), tuple(range(len(shape))), tuple(groups), tuple(pieces), tuple(sizes), tuple(counted)
+        )
+
+    def box(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of a unit of `units(shape, boxed=True)`."""
+        return self.units(shape, boxed=True).unit_shape
 
     def split(self, x: jax.Array) -> jax.Array:
         """A parameter-shaped array as its stack of blocks, `(blocks, *sizes)`."""
@@ -119,14 +141,15 @@ class _Layout(NamedTuple):
 
 class _Kind(NamedTuple):
     """What the blocks of one stack share (see `ScaleByShampoo`'s sharding rule): the block's
-    shape, its parameter's block grid, the root, and per dimension whether some block is
-    padded (its roots are masked). A block taller than wide is stacked as its transpose, with
-    its grid and masks reversed."""
+    shape, its parameter's block grid, the root, per dimension whether some block is padded
+    (its roots are masked), and the shape the block moves in (`_Layout.units`). A block taller
+    than wide is stacked as its transpose, with its grid and masks reversed."""
 
     sizes: tuple[int, ...]
     grid: tuple[int, ...]
     exponent: int
     padded: tuple[bool, ...]
+    box: tuple[int, ...]
 
 
 class ScaleByShampooState(NamedTuple):
@@ -189,15 +212,17 @@ class ScaleByShampoo(AbstractTransform):
     params' dtype. Sharding rule (`state_specs`), the owner scheme of `modopt.sharding`: every
     block has one owner device. Blocks of one kind (the same block shape, root and padded
     dimensions, from parameters with the same block grid, so that a network's repeated layers
-    stack together; a block taller than wide as its transpose, so an `(m, n)` and an `(n, m)`
-    weight share a stack) are stacked, and their statistics and preconditioners are stored
-    stacked per kind (`OWNED`): each stack split along its block axis over the mesh axes
-    dividing its length, never split further by ZeRO-1. At each step the gradient's blocks move
-    to their owners (one all-to-all per stack), the statistics, inverse roots and
-    preconditioned blocks are computed there on whole blocks, and the preconditioned blocks
-    come back. The grafting state and momenta follow the parameters, and the grafting and the
-    norm rescaling run where the parameters live. Without a mesh, each parameter's blocks are
-    computed in its own layout (the roots of all blocks of one size and root in one batch).
+    stack together; a matrix's block taller than wide as its transpose, so that an `(m, n)`
+    and an `(n, m)` weight share a stack) are stacked, and their statistics and
+    preconditioners are stored stacked per kind (`OWNED`): each stack split along its block
+    axis over the mesh axes dividing its length, never split further by ZeRO-1;
+    `ScaleByShampoo.unstacked` gives them per parameter. At each step the gradient's blocks
+    move to their owners (one all-to-all per stack; a parameter split along its blocks is
+    first split inside them), the statistics, inverse roots and preconditioned blocks are
+    computed there on whole blocks, and the preconditioned blocks come back. The grafting
+    state and momenta follow the parameters, and the grafting and the norm rescaling run where
+    the parameters live. Without a mesh, each parameter's blocks are computed in its own
+    layout (the roots of all blocks of one size and root in one batch).
 
     Checked against `precondition.distributed_shampoo.distributed_shampoo` (precondition-opt
     0.3.0, the JAX reference of the paper's authors) step by step: updates and states, every
@@ -324,15 +349,22 @@ class ScaleByShampoo(AbstractTransform):
     def _units(self, tree: Any) -> tuple[list[_Layout | None], list[bool], UnitStacks]:
         """Each leaf's layout (`None`: not preconditioned); whether its blocks are taller than
         wide, stacked as their transposes; and the stacks of blocks of one `_Kind`."""
-        layouts = [self.layout(jnp.shape(x)) for x in jax.tree_util.tree_leaves(tree)]
-        flips = [lay is not None and len(lay.sizes) == 2 and lay.sizes[0] > lay.sizes[1] for lay in layouts]
+        shapes = [jnp.shape(x) for x in jax.tree_util.tree_leaves(tree)]
+        layouts = [self.layout(shape) for shape in shapes]
+        boxes = [None if lay is None else lay.box(shape) for lay, shape in zip(layouts, shapes)]
+        flips = [
+            lay is not None and len(lay.sizes) == 2 and lay.sizes[0] > lay.sizes[1] and box == lay.sizes
+            for lay, box in zip(layouts, boxes)
+        ]
         kinds = []
-        for lay, flip in zip(layouts, flips):
+        for lay, flip, box in zip(layouts, flips, boxes):
             if lay is None:
                 kinds.append(None)
                 continue
             turn = (lambda t: tuple(t[::-1])) if flip else tuple
-            kinds.append(_Kind(turn(lay.sizes), turn(lay.counts), self.exponent(lay), turn(lay.padded)))
+            kinds.append(
+                _Kind(turn(lay.sizes), turn(lay.counts), self.exponent(lay), turn(lay.padded), turn(box))
+            )
         return layouts, flips, UnitStacks(kinds, [0 if lay is None else lay.blocks for lay in layouts])
 
     # -- init -----------------------------------------------------------------------------------
@@ -412,7 +444,9 @@ class ScaleByShampoo(AbstractTransform):
                     "(`modopt.experimental.split_real_and_imaginary`)."
                 )
         param_leaves = [None] * len(grads) if params is None else treedef.flatten_up_to(params)
-        diagonal_momentum, momentum = (treedef.flatten_up_to(x) for x in (state.diagonal_momentum, state.momentum))
+        diagonal_momentum, momentum = (
+            treedef.flatten_up_to(x) for x in (state.diagonal_momentum, state.momentum)
+        )
         diagonal = [None] * len(grads)
         if state.diagonal_statistics is not None:
             diagonal = treedef.flatten_up_to(state.diagonal_statistics)
@@ -424,7 +458,15 @@ class ScaleByShampoo(AbstractTransform):
                 out.append((None, diagonal[i], diagonal_momentum[i], momentum[i]))
                 continue
             out.append(
-                self._one(g, preconditioned[i], param_leaves[i], diagonal[i], diagonal_momentum[i], momentum[i], count)
+                self._one(
+                    g,
+                    preconditioned[i],
+                    param_leaves[i],
+                    diagonal[i],
+                    diagonal_momentum[i],
+                    momentum[i],
+                    count,
+                )
             )
         new_updates, new_diagonal, new_diagonal_momentum, new_momentum = (
             treedef.unflatten([o[j] for o in out]) for j in range(4)
@@ -447,39 +489,56 @@ class ScaleByShampoo(AbstractTransform):
             return [None] * len(grads), state.statistics, state.preconditioners
         mesh = current_mesh()
         shapes = [jnp.shape(m) for m in jax.tree_util.tree_leaves(state.momentum)]
-        specs = specs_of(params, state.momentum) if params is not None else specs_of(state.momentum)
+        specs = specs_of(state.momentum, params)  # the state's layout: with ZeRO-1, split further
         # A leaf without an update (`None`) keeps its blocks' state: masked out of the work.
         missing = any(g is None and lay is not None for g, lay in zip(grads, layouts))
-        leaves, extras = [], []
+        leaves, extras, back = [], [], []
         for g, lay, flip, shape, spec in zip(grads, layouts, flips, shapes, specs):
+            back.append(None)
             if lay is None:
                 leaves.append(None)
                 extras.append(None)
                 continue
             turned = flip and mesh is not None  # on a mesh, computed as its transpose
             x = jnp.zeros(shape, jnp.float32) if g is None else g.astype(jnp.float32)
-            leaves.append(LeafUnits((x,), lay.units(shape)._replace(swap=turned), spec))
+            units = lay.units(shape, boxed=True)._replace(swap=turned)
+            if spec is not None and mesh is not None and units.unit_axes(spec, mesh) is None:
+                # Split along its blocks: split inside them for the move, and back after it (if it
+                # can; otherwise the owner scheme gathers the blocks whole).
+                inside = _inside_blocks(units, spec, mesh)
+                if inside is not None:
+                    spec, back[-1] = inside, NamedSharding(mesh, spec)
+            leaves.append(LeafUnits((x,), units, spec))
             valid = np.stack(lay.valid, axis=1)  # per block, its true size along each dimension
             extra = (np.ascontiguousarray(valid[:, ::-1]) if turned else valid,)
             extras.append(extra + ((np.full(lay.blocks, g is not None),) if missing else ()))
 
         def work(kinds, pieces, states):
             # Each piece in its blocks' order: a flipped leaf's own (without a mesh) reverses its kind's.
-            own = [x.shape[1:] != kind.sizes for kind, (x, _) in zip(kinds, pieces)]
+            own = [x.shape[1:] != kind.box for kind, (x, _) in zip(kinds, pieces)]
             turn = lambda t, flip: tuple(t[::-1]) if flip else tuple(t)  # noqa: E731
-            blocks = [x for x, _ in pieces]
+            blocks = [x.reshape(x.shape[0], *turn(k.sizes, f)) for k, (x, _), f in zip(kinds, pieces, own)]
             extra = [e for _, e in pieces]
             stats = [turn(s, f) for (s, _), f in zip(states, own)]
             old = [turn(p, f) for (_, p), f in zip(states, own)]
             padded = [turn(kind.padded, f) for kind, f in zip(kinds, own)]
             stats = self._statistics(blocks, stats, extra, state.count)
-            precs = self._preconditioners(stats, old, padded, [k.exponent for k in kinds], extra, state.count, mesh)
-            outs = [(_precondition(x, p),) for x, p in zip(blocks, precs)]
+            precs = self._preconditioners(
+                stats, old, padded, [k.exponent for k in kinds], extra, state.count, mesh
+            )
+            outs = [(_precondition(b, p).reshape(x.shape),) for b, p, (x, _) in zip(blocks, precs, pieces)]
             return outs, [(turn(s, f), turn(p, f)) for s, p, f in zip(stats, precs, own)]
 
         stacked = list(zip(state.statistics, state.preconditioners))
         done, new = run_per_unit(work, stacks, leaves, stacked, mesh, extras=extras)
-        preconditioned = [None if d is None or g is None else d[0] for d, g in zip(done, grads)]
+        preconditioned = [
+            None
+            if d is None or g is None
+            else d[0]
+            if b is None
+            else jax.lax.with_sharding_constraint(d[0], b)
+            for d, g, b in zip(done, grads, back)
+        ]
         return preconditioned, tuple(s for s, _ in new), tuple(p for _, p in new)
 
     def _statistics(self, blocks, statistics, extras, count):
@@ -513,16 +572,20 @@ class ScaleByShampoo(AbstractTransform):
         stacked = [_concatenate([statistics[i][j] for i, j in groups[k]]) for k in keys]
         old = [_concatenate([preconditioners[i][j] for i, j in groups[k]]) for k in keys]
         valid = [_concatenate([extras[i][0][:, j] for i, j in groups[k]]) for k in keys]
-        active = [_concatenate([extras[i][1] for i, _ in groups[k]]) if len(extras[0]) > 1 else None for k in keys]
+        active = [
+            _concatenate([extras[i][1] for i, _ in groups[k]]) if len(extras[0]) > 1 else None for k in keys
+        ]
         masked = [any(padded[i][j] for i, j in groups[k]) for k in keys]
 
         def compute(stacked, old):
             new = []
-            for stats, previous, sizes, keep, pad, i in zip(stacked, old, valid, active, masked, groups.values()):
+            for stats, previous, sizes, keep, pad, i in zip(
+                stacked, old, valid, active, masked, groups.values()
+            ):
                 p = exponents[i[0][0]]
-                roots, errors = jax.vmap(
-                    lambda m, n, p=p, pad=pad: self._root(m, p, n if pad else None)
-                )(stats, jnp.asarray(sizes))
+                roots, errors = jax.vmap(lambda m, n, p=p, pad=pad: self._root(m, p, n if pad else None))(
+                    stats, jnp.asarray(sizes)
+                )
                 failed = jnp.isnan(errors) | (errors >= self.inverse_failure_threshold)
                 if keep is not None:
                     failed = failed | ~jnp.asarray(keep)
@@ -612,6 +675,55 @@ def _concatenate(arrays: list) -> Any:
     if len(arrays) == 1:
         return arrays[0]
     return (np if all(isinstance(a, np.ndarray) for a in arrays) else jnp).concatenate(arrays)
+
+
+def _inside_blocks(units: UnitMap, spec: PartitionSpec, mesh: Any) -> PartitionSpec | None:
+    """A spec splitting the mesh axes of `spec` (which splits a parameter along its blocks)
+    inside the blocks instead: the axes already on a whole axis of the parameter that is a
+    dimension of the blocks stay there, and each other goes after them on the largest such axis
+    that it divides (so that moving there exchanges the least); `None` if one fits nowhere."""
+    entries = [list(_names(e)) for e in spec_entries(spec, len(units.shape))]
+    axis_of = list(np.cumsum((0, *units.groups))[:-1])  # each unit map dimension's first parameter axis
+    free = {
+        axis_of[j]: units.sizes[j] // math.prod(mesh.shape[a] for a in entries[axis_of[j]])
+        for j in range(len(units.groups))
+        if units.groups[j] == 1
+        and units.pieces[j] == 1
+        and j not in units.counted
+        and units.sizes[j] % math.prod(mesh.shape[a] for a in entries[axis_of[j]]) == 0
+    }
+    moved = [a for axis, names in enumerate(entries) if axis not in free for a in names]
+    inside = [names if axis in free else [] for axis, names in enumerate(entries)]
+    for name in moved:
+        fits = [a for a, size in free.items() if size % mesh.shape[name] == 0]
+        if not fits:
+            return None
+        axis = max(fits, key=lambda a: free[a])
+        free[axis] //= mesh.shape[name]
+        inside[axis].append(name)
+    result = PartitionSpec(*[None if not n else n[0] if len(n) == 1 else tuple(n) for n in inside])
+    return result if units.unit_axes(result, mesh) is not None else None
+
+
+def _names(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _box(dims: tuple[int, ...], n: int, s: int) -> list[tuple[int, int]] | None:
+    """A dimension merged from axes of sizes `dims`, cut in `n` blocks of `s`, as a cut of each
+    axis: `(pieces, size)` per axis, or `None` where a block is no box of the axes (padded, or
+    not whole slices of one axis by the axes after it)."""
+    if n * s != math.prod(dims):
+        return None
+    trailing, k = 1, len(dims)  # the axes after the cut one, whole in every block
+    while k > 0 and s % (trailing * dims[k - 1]) == 0:
+        trailing, k = trailing * dims[k - 1], k - 1
+    if k == 0:
+        return [(1, d) for d in dims]
+    rows = s // trailing
+    if dims[k - 1] % rows:
+        return None
+    return [(d, 1) for d in dims[: k - 1]] + [(dims[k - 1] // rows, rows)] + [(1, d) for d in dims[k:]]
 
 
 def _gram(blocks: jax.Array, dim: int) -> jax.Array:

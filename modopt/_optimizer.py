@@ -318,7 +318,8 @@ class Optimizer(Module):
         layout = self.layout
         if layout is not None and jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(self.state):
             # The parts added (step counts) are replicated; the rest keeps its shardings.
-            on_mesh = lambda x: getattr(x.sharding, "mesh", None) == layout.mesh  # noqa: E731
+            devices = set(layout.mesh.devices.flat)
+            on_mesh = lambda x: x.sharding.device_set == devices  # noqa: E731
             state = jax.tree_util.tree_map(lambda x: x if on_mesh(x) else jax.device_put(x, layout.replicated), state)
             layout = Layout(layout.mesh, layout.params, jax.tree_util.tree_map(lambda x: x.sharding, state))
         return self._replace(tx=tx, state=state, layout=layout)

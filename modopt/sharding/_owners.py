@@ -121,10 +121,47 @@ def specs_of(*trees: Any) -> list[PartitionSpec | None]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def owner_mesh_of(mesh: Any) -> Any:
+    """The mesh owners are placed on: `mesh` with each axis cut into axes of prime sizes, major
+    first ("fsdp" of 8 becomes "fsdp.0", "fsdp.1", "fsdp.2" of 2 each), the same devices in the
+    same order. A stack can then be split over any divisor of the device count: 4 units on 8
+    devices of one axis are split 4 ways (each device holds one, or its copy), not held whole by
+    every device. A mesh with Explicit axes is used as it is."""
+    if any(t != jax.sharding.AxisType.Auto for t in getattr(mesh, "axis_types", ())):
+        return mesh
+    names, sizes = [], []
+    for name in mesh.axis_names:
+        factors = _prime_factors(mesh.shape[name])
+        if len(factors) <= 1:
+            names.append(name)
+            sizes.append(mesh.shape[name])
+        else:
+            names += [f"{name}.{i}" for i in range(len(factors))]
+            sizes += factors
+    if tuple(names) == tuple(mesh.axis_names):
+        return mesh
+    types = (jax.sharding.AxisType.Auto,) * len(names)
+    if isinstance(mesh, jax.sharding.Mesh):
+        return jax.sharding.Mesh(mesh.devices.reshape(sizes), tuple(names), axis_types=types)
+    return jax.sharding.AbstractMesh(tuple(sizes), tuple(names), axis_types=types)
+
+
+def _prime_factors(n: int) -> list[int]:
+    factors, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors
+
+
 def owner_axes(count: int, mesh: Any) -> tuple[str, ...]:
-    """The mesh axes a stored stack of `count` units is split over: of all sets of axes, the one
-    whose product is the largest divisor of `count` (the fewest axes, then the first in the
-    mesh's order, on ties), in the mesh's order."""
+    """The axes of `mesh` a stored stack of `count` units is split over: of all sets of them,
+    the one whose product is the largest divisor of `count` (the fewest axes, then the first in
+    the mesh's order, on ties), in the mesh's order. (On `owner_mesh_of(mesh)` any divisor of the
+    device count is such a product.)"""
     names = [name for name in mesh.axis_names if mesh.shape[name] > 1]
     best: tuple[str, ...] = ()
     for size in range(1, len(names) + 1):
@@ -140,17 +177,34 @@ def _spec(axes: Sequence[str]) -> PartitionSpec:
 
 
 def owner_spec(count: int, mesh: Any) -> PartitionSpec:
-    """The `PartitionSpec` of a stored stack of `count` units on `mesh` (see `owner_axes`)."""
-    return _spec(owner_axes(count, mesh))
+    """The `PartitionSpec`, on `owner_mesh_of(mesh)`, of a stored stack of `count` units."""
+    return _spec(owner_axes(count, owner_mesh_of(mesh)))
 
 
-def _owner_layout(count: int, mesh: Any, pad: bool) -> tuple[tuple[str, ...], int]:
-    """The axes a stack of `count` units is split over, and its length once padded: with `pad`,
-    every axis and a multiple of the device count; without, `owner_axes` and `count`."""
+def owner_sharding(count: int, mesh: Any, memory_kind: str | None = None) -> NamedSharding:
+    """The `NamedSharding` of a stored stack of `count` units on `mesh` (the `OWNED` rule)."""
+    return NamedSharding(owner_mesh_of(mesh), owner_spec(count, mesh), memory_kind=memory_kind)
+
+
+def _owners_mesh(mesh: Any) -> Any:
+    """The mesh a step places owners on: `owner_mesh_of(mesh)`, as the state was placed; but the
+    mesh itself for an `Optimizer` on Explicit axes, whose state lies on those axes (its step
+    traces the work on the Auto version of them)."""
+    context = _CONTEXT.get()
+    layout_mesh = None if context is None else context.mesh
+    if jax.sharding.AxisType.Explicit in getattr(layout_mesh, "axis_types", ()):
+        return mesh
+    return owner_mesh_of(mesh)
+
+
+def _owner_layout(count: int, owners: Any, pad: bool) -> tuple[NamedSharding, int]:
+    """The sharding of a stack of `count` units on the owners' mesh, and its length once padded:
+    with `pad`, split over every device, its length a multiple of the device count; without,
+    over `owner_axes`."""
     if not pad:
-        return owner_axes(count, mesh), count
-    axes = tuple(name for name in mesh.axis_names if mesh.shape[name] > 1)
-    return axes, -(-count // mesh.size) * mesh.size
+        return NamedSharding(owners, _spec(owner_axes(count, owners))), count
+    axes = tuple(name for name in owners.axis_names if owners.shape[name] > 1)
+    return NamedSharding(owners, _spec(axes)), -(-count // owners.size) * owners.size
 
 
 class UnitMap(NamedTuple):
@@ -404,13 +458,14 @@ def run_per_unit(
     moves = [_Move(stacks, s, leaves, mesh, pad=states[s] is None) for s in range(len(stacks))]
     pieces = [move.to_owners() for move in moves]
     if extras is not None:  # small per-unit data: made whole on every device, each owner takes its rows
-        replicated = NamedSharding(mesh, PartitionSpec())
+        replicated = NamedSharding(_owners_mesh(mesh), PartitionSpec())
         pieces = [
             (*piece, _constrain(_pad_tree(_constrain(stacked, replicated), move.length), move.owner_sharding))
             for piece, stacked, move in zip(pieces, stacks.stack(extras), moves)
         ]
     placed = [None if st is None else _constrain(st, move.owner_sharding) for st, move in zip(states, moves)]
-    outs, new = _on_each_owner(fn, list(stacks.kinds), pieces, placed, [move.owner_sharding.spec for move in moves], mesh)
+    specs = [move.owner_sharding.spec for move in moves]
+    outs, new = _on_each_owner(fn, list(stacks.kinds), pieces, placed, specs, _owners_mesh(mesh))
     per_leaf = [None] * len(leaves)
     for move, out in zip(moves, outs):
         for leaf, arrays in move.from_owners(out).items():
@@ -435,9 +490,16 @@ def _on_each_owner(fn: StackFn, kinds: list, pieces: list, states: list, specs: 
         return [tuple(out) for out in outs], list(new)
 
     # Each piece's specs are a prefix of its inputs, outputs and state: all split as its stack.
-    return jax.shard_map(
+    run = jax.shard_map(
         local, mesh=mesh, in_specs=(list(specs), list(specs)), out_specs=(list(specs), list(specs)), check_vma=False
-    )(pieces, states)
+    )
+    context = jax.sharding.get_abstract_mesh()
+    if context is None or context.empty:
+        return run(pieces, states)
+    # Under a mesh set for the trace (`jax.set_mesh`, or Explicit axes' `auto_axes`), the owners'
+    # mesh (the same devices, cut into prime axes) is made the context for the call.
+    with jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh)):
+        return run(pieces, states)
 
 
 def per_unit(fn: Callable[..., Any], count: int, *args: Any, **kwargs: Any) -> Any:
@@ -480,8 +542,7 @@ class _Move:
         self.counts = [stacks.counts[leaf] for leaf in self.members]
         self.unit_shape = self.leaves[0].units.unit_shape
         self.size = sum(self.counts)
-        axes, self.length = _owner_layout(self.size, mesh, pad)
-        self.owner_sharding = NamedSharding(mesh, _spec(axes))
+        self.owner_sharding, self.length = _owner_layout(self.size, _owners_mesh(mesh), pad)
         self.layouts = _common_layouts(self.leaves, self.unit_shape, mesh)
         self.common = () if self.layouts is None else tuple(a for a in mesh.axis_names if any(a in d for d in self.layouts[0]))
 

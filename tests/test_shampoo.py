@@ -2,7 +2,8 @@
 authors, `precondition.distributed_shampoo.distributed_shampoo` (precondition-opt 0.3.0), step by
 step: updates and every state field, for every graft type and option modopt implements; its
 blocking and shape merging against the reference's helpers; the options Shampoo adds to
-`matrix_inverse_pth_root` against the reference's root and NumPy; the sharding rule; errors.
+`matrix_inverse_pth_root` against the reference's root and NumPy; the sharding rule; the blocks
+on their owners on 8 simulated devices against one device; errors.
 
 precondition-opt 0.3.0 calls `jax.tree_map`, `jax.tree_flatten` and `jax.tree_unflatten`, which
 jax 0.4.26 removed; they were `jax.tree_util`'s functions under other names, so the fixture
@@ -12,6 +13,10 @@ warning): both compute in float32.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -484,11 +489,15 @@ def test_sharding_rule():
     ]
     optimizer = modopt.Optimizer(tx, params)
     placed = modopt.sharding.shardings(optimizer, specs, mesh=mesh, zero_axis="data")
-    # Along the block axis only, over the axes dividing the stack's length: 6 and 2 blocks over
-    # "data", 8 over both axes; ZeRO-1 adds nothing. The momenta follow the parameters, with ZeRO-1.
-    assert [x.spec for x in placed.state.statistics[0]] == [P("data")] * 2
-    assert [x.spec for x in placed.state.preconditioners[1]] == [P("data")]
-    assert [x.spec for x in placed.state.statistics[2]] == [P(("data", "model"))] * 2
+    # Along the block axis only, each block whole on its owner, over as many devices as divide
+    # the stack's length: 6 blocks 2 ways, 2 blocks 2 ways, 8 blocks 8 ways; ZeRO-1 adds nothing.
+    # The momenta follow the parameters, with ZeRO-1.
+    for field in ("statistics", "preconditioners"):
+        split = [
+            [x.shard_shape(y.shape) for x, y in zip(stack, stack_shapes)]
+            for stack, stack_shapes in zip(getattr(placed.state, field), getattr(shapes, field))
+        ]
+        assert split == [[(3, 3, 3), (3, 4, 4)], [(1, 4, 4)], [(1, 4, 4), (1, 4, 4)]], field
     assert placed.state.momentum["w"].spec == P("data", "model")
 
 
@@ -651,3 +660,73 @@ def test_preconditioning_beats_sgd_on_an_ill_conditioned_matrix_problem():
     shampoo = final_loss(modopt.shampoo(lr, block_size=8, beta2=1.0, start_preconditioning_step=1))
     sgd = final_loss(modopt.sgd(lr, momentum=0.9, nesterov=True))
     assert shampoo < 0.2 * sgd, (shampoo, sgd)
+
+
+# --------------------------------------------------------------------------------------------
+# On 8 simulated devices: blocks on their owners
+# --------------------------------------------------------------------------------------------
+
+MESH_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np, modopt
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+SPECS = {"wq": P(None, "model"), "wo": P("model", None), "up": P(None, "model"), "down": P("model", None),
+         "head": P(None, "model"), "b": P()}
+SHAPES = {"wq": (64, 64), "wo": (64, 64), "up": (64, 256), "down": (256, 64), "head": (64, 128), "b": (64,)}
+keys = jax.random.split(jax.random.key(0), len(SHAPES))
+params = {n: jax.random.normal(k, s) / 8 for k, (n, s) in zip(keys, SHAPES.items())}
+x = jax.random.normal(jax.random.key(1), (64, 64))  # full-rank statistics: roots well determined
+
+def loss(p, x):  # the gradients come from the step's own backward pass, laid out as XLA likes
+    h = jnp.tanh(x @ p["wq"] + p["b"]) @ p["wo"]
+    return jnp.mean((jnp.tanh(h @ p["up"]) @ p["down"] @ p["head"]) ** 2)
+
+def train(p, o, x):
+    return o.step(p, jax.grad(loss)(p, x))
+
+def rel(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(np.asarray(b))) + 1e-30))
+
+for block in (32, 128):
+    make = lambda: modopt.shampoo(1e-3, block_size=block, graft_type="rmsprop", start_preconditioning_step=0)
+    tx = make().build().transforms[0]
+    runs = []
+    for sharded in (False, True):
+        sh = {n: NamedSharding(mesh, s) for n, s in SPECS.items()}
+        p = jax.device_put(params, sh) if sharded else params
+        o = modopt.Optimizer(make(), p, shardings=sh, zero_axis="data") if sharded else modopt.Optimizer(make(), p)
+        step = jax.jit(train)
+        for _ in range(2):
+            p, o = step(p, o, x)
+            jax.block_until_ready(p)
+        runs.append((p, tx.unstacked(o.state[0])))
+    (p1, s1), (p8, s8) = runs
+    worst = max(rel(a - params[n], b - params[n]) for n, a, b in zip(p1, p1.values(), p8.values()))
+    for field in ("statistics", "preconditioners", "momentum"):
+        worst = max(worst, *(rel(b, a) for a, b in zip(jax.tree.leaves(getattr(s1, field)), jax.tree.leaves(getattr(s8, field)))))
+    print(f"block {block} worst {worst:.2e}", flush=True)
+"""
+
+
+def test_blocks_on_owners_are_the_one_device_numbers():
+    """On a 2 x 4 mesh with tensor parallelism and ZeRO-1, weights split along their blocks
+    (rows of blocks, merged dimensions, both dimensions of a grid), gradients from the step's own
+    backward pass: two steps give one device's updates, statistics and preconditioners within
+    float32 reordering (an O(1) difference means misplaced blocks). Blocks of 128 take the
+    path that first splits such weights inside their blocks; blocks of 32 (halves of rows, grids
+    split both ways) the owner scheme's gather of whole blocks."""
+    env = dict(
+        os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    worst = {
+        int(line.split()[1]): float(line.split()[3])
+        for line in result.stdout.splitlines()
+        if line.startswith("block")
+    }
+    assert set(worst) == {32, 128}, result.stdout
+    assert all(w < 1e-4 for w in worst.values()), worst

@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 
 from .. import fields
 from .._base import AbstractTransform
 from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
-from .._moments import init_state, update_dtype, update_moment, widen
+from .._moments import state_dtype_for, update_dtype, update_moment, widen
 from .._numerics import safe_increment
-from .._specs import REPLICATED, padded
+from .._specs import OWNED, REPLICATED, padded
+from ..sharding._owners import (
+    LeafUnits,
+    UnitMap,
+    UnitStacks,
+    current_mesh,
+    per_unit,
+    run_per_unit,
+    specs_of,
+    whole_map,
+)
 from .._fields import Scalar
+from jax.sharding import PartitionSpec
 from jax.typing import DTypeLike
 
 DATA_FORMATS = ("channels_first", "channels_last")
@@ -29,17 +40,33 @@ class ScaleBySoapState(NamedTuple):
     """SOAP's step count, Adam's moments in the eigenbasis, Shampoo's statistics and their
     eigenbases.
 
-    `statistics` and `eigenbases` hold, per parameter, a tuple with one entry per dimension
-    that SOAP rotates (the parameter's dimensions, or its merged dimensions with
-    `merge_dims=True`): a `(d, d)` array, or `None` for a dimension left in the parameter's
-    basis (larger than `max_precondition_dim`, or a vector's without `precondition_1d`).
+    Everything but the count is stored stacked (`modopt.sharding`'s owner scheme): parameters
+    of one kind (see `ScaleBySoap`) form a stack, and each field is a tuple with one entry per
+    stack, in the order of each kind's first parameter (the order of the leaves). An entry
+    stacks that state of every parameter of the kind along a new axis 0, in the order of the
+    parameters: `mu` and `nu` `(n, *shape)` in the shape the rotations act on (merged
+    dimensions with `merge_dims`, a channels-last 4-D leaf channels first); `statistics` and
+    `eigenbases` a tuple with one `(n, d, d)` array per dimension of that shape, or `None`
+    for a dimension left in the parameter's basis (larger than `max_precondition_dim`, or a
+    vector's without `precondition_1d`). A parameter whose layout is a matrix taller than
+    wide is stored transposed: its moments `(n, cols, rows)`, its statistics and bases in
+    the order (columns, rows). `ScaleBySoap.unstacked` gives the state per parameter, in the
+    parameter's shape and order. A parameter without elements stores nothing.
     """
 
     count: jax.Array  # int32 scalar: updates taken; the first only gathers statistics
-    mu: Any  # first moment, like the params, in the eigenbasis (in `mu_dtype` if set)
-    nu: Any  # second moment, like the params, in the eigenbasis (in `nu_dtype` if set)
-    statistics: Any  # per parameter: a tuple of EMAs of G G^T contracted over the other dimensions
-    eigenbases: Any  # per parameter: a tuple of orthogonal matrices (columns: estimated eigenvectors)
+    mu: Any  # per stack: the first moment, in the eigenbasis (in `mu_dtype` if set)
+    nu: Any  # per stack: the second moment, in the eigenbasis (in `nu_dtype` if set)
+    statistics: Any  # per stack: a tuple of EMAs of G G^T contracted over the other dimensions
+    eigenbases: Any  # per stack: a tuple of orthogonal matrices (columns: estimated eigenvectors)
+
+
+class _Kind(NamedTuple):
+    """What the parameters of one stack share (static): what their state and their work are."""
+
+    shape: tuple[int, ...]  # the shape the rotations act on (a taller-than-wide matrix's transposed)
+    rotated: tuple[bool, ...]  # per dimension of `shape`: whether it has a statistic and a basis
+    dtypes: tuple[Any, Any, Any]  # the stored dtypes of `mu`, of `nu`, and of statistics and bases
 
 
 class _Layout(NamedTuple):
@@ -124,6 +151,20 @@ class ScaleBySoap(AbstractTransform):
     reference), the moments in the parameters' dtype, or in
     `mu_dtype` and `nu_dtype` (accumulated in float32 at least, see `fields.dtype`).
 
+    State and sharding (`modopt.sharding`'s owner scheme): each parameter is one unit, in the
+    shape the rotations act on (see `layout`). Parameters of one kind (that shape, which of its
+    dimensions are rotated, and the stored dtypes of the moments and of the statistics) form a
+    stack; a matrix taller than wide joins the wide ones of its transposed shape, as its
+    transpose (its statistics and bases swapped). Everything SOAP keeps in the eigenbasis is
+    stored stacked: Adam's moments, the statistics and the bases (`ScaleBySoapState`;
+    `unstacked` gives them per parameter); only the count is replicated. On a mesh each stack
+    is split over the devices (`OWNED`: never split further by ZeRO-1): a parameter's state
+    stays whole on the device that owns it, its gradient moves there (one all-to-all for all
+    parameters; a parameter replicated over a mesh axis is first cut along it, which moves
+    nothing) and its update back, and its rotations, eigendecompositions and QR run there,
+    once. Without a mesh every parameter runs the single-device code. A parameter without
+    elements gets an empty update and stores nothing.
+
     Args:
         b1: the decay rate of the first moment, in [0, 1).
         b2: the decay rate of the second moment, in [0, 1).
@@ -199,89 +240,171 @@ class ScaleBySoap(AbstractTransform):
         merged = tuple(math.prod(shape[a] for a in group) for group in groups)
         return _Layout(permute, merged, groups, tuple(d <= limit for d in merged))
 
-    def init(self, params):
-        def one(p):
-            dtype = _matrix_dtype(p.dtype)
-            lay = self.layout(p.shape)
-            zeros = tuple(jnp.zeros((d, d), dtype) if r else None for d, r in zip(lay.shape, lay.rotated))
-            # Before the first update the bases are unused; zeros keep `init` cheap.
-            bases = tuple(jnp.zeros((d, d), dtype) if r else None for d, r in zip(lay.shape, lay.rotated))
-            return zeros, bases
+    def _kind(self, lay: _Layout, flip: bool, dtype: Any) -> _Kind:
+        """The kind of a parameter of layout `lay` and dtype `dtype` (`flip`: a matrix taller
+        than wide, its kind the transpose's)."""
+        moments = tuple(
+            jnp.dtype(dtype) if d is None else state_dtype_for(d, dtype)
+            for d in (self.mu_dtype, self.nu_dtype)
+        )
+        shape, rotated = (lay.shape[::-1], lay.rotated[::-1]) if flip else (lay.shape, lay.rotated)
+        return _Kind(shape, rotated, (*moments, _matrix_dtype(dtype)))
 
+    def _units(
+        self, leaves: Sequence[Any], dtypes: Sequence[Any]
+    ) -> tuple[list[_Layout], list[bool], UnitStacks]:
+        """Each leaf's layout; whether it is stored as its transpose (a matrix taller than wide,
+        so that `(m, n)` and `(n, m)` weights share a stack: SOAP's numbers on the transpose are
+        the transposed numbers, the two dimensions' statistics and bases swapped); and the
+        stacks of leaves of one kind (a leaf without elements has none)."""
+        layouts = [self.layout(jnp.shape(x)) for x in leaves]
+        flips = [_flipped(lay) for lay in layouts]
+        kinds = [
+            None if math.prod(jnp.shape(x)) == 0 else self._kind(lay, flip, dtype)
+            for x, lay, flip, dtype in zip(leaves, layouts, flips, dtypes)
+        ]
+        return layouts, flips, UnitStacks(kinds, [1] * len(layouts))
+
+    def init(self, params):
         for path, p in jax.tree_util.tree_flatten_with_path(params)[0]:
             if jnp.iscomplexobj(p):
                 raise TypeError(
                     f"{type(self).__name__} takes real parameters; the parameter at "
                     f"{jax.tree_util.keystr(path) or 'the root'} is {p.dtype}."
                 )
+        leaves = jax.tree_util.tree_leaves(params)
+        _, _, stacks = self._units(leaves, [jnp.result_type(p) for p in leaves])
+        fields = []
+        for kind, members in zip(stacks.kinds, stacks.members):
+            n, (mu_dtype, nu_dtype, dtype) = len(members), kind.dtypes
+            # Before the first update the bases are unused; zeros keep `init` cheap.
+            matrices = [
+                tuple(jnp.zeros((n, d, d), dtype) if r else None for d, r in zip(kind.shape, kind.rotated))
+                for _ in range(2)
+            ]
+            fields.append(
+                (jnp.zeros((n, *kind.shape), mu_dtype), jnp.zeros((n, *kind.shape), nu_dtype), *matrices)
+            )
+        mu, nu, statistics, bases = (tuple(column) for column in zip(*fields)) if fields else ((),) * 4
+        return ScaleBySoapState(jnp.zeros([], jnp.int32), mu, nu, statistics, bases)
+
+    def unstacked(self, state: ScaleBySoapState, params: Any) -> ScaleBySoapState:
+        """`state` per parameter (for inspection and tests; `update` takes the stacked state):
+        `mu` and `nu` shaped like the params, `statistics` and `eigenbases` trees like the params
+        whose leaves are tuples with one `(d, d)` array (or `None`) per dimension of the
+        parameter's layout (`layout(shape).shape`, in its order). A parameter without elements
+        has zero moments and `None` for every statistic and basis.
+
+        Args:
+            state: the stacked state.
+            params: the parameters the state was made for, or their shapes and dtypes
+                (`jax.ShapeDtypeStruct`s).
+        """
         leaves, treedef = jax.tree_util.tree_flatten(params)
-        pairs = [one(p) for p in leaves]
-        return ScaleBySoapState(
-            count=jnp.zeros([], jnp.int32),
-            mu=init_state(params, self.mu_dtype),
-            nu=init_state(params, self.nu_dtype),
-            statistics=treedef.unflatten([s for s, _ in pairs]),
-            eigenbases=treedef.unflatten([q for _, q in pairs]),
-        )
+        dtypes = [jnp.result_type(p) for p in leaves]
+        layouts, flips, stacks = self._units(leaves, dtypes)
+        rows = stacks.unstack(list(zip(state.mu, state.nu, state.statistics, state.eigenbases)))
+        per_leaf = []
+        for p, dtype, lay, flip, row in zip(leaves, dtypes, layouts, flips, rows):
+            if row is None:
+                mu_dtype, nu_dtype, _ = self._kind(lay, flip, dtype).dtypes
+                nones = (None,) * len(lay.shape)
+                per_leaf.append(
+                    (jnp.zeros(jnp.shape(p), mu_dtype), jnp.zeros(jnp.shape(p), nu_dtype), nones, nones)
+                )
+                continue
+            units = _unit_map(jnp.shape(p), lay, swap=flip)  # stored in the kind's orientation
+            mu, nu, statistics, bases = row
+            in_order = (lambda x: x[::-1]) if flip else (lambda x: x)
+            matrices = [tuple(None if s is None else s[0] for s in in_order(m)) for m in (statistics, bases)]
+            per_leaf.append((units.from_units(mu), units.from_units(nu), *matrices))
+        columns = [treedef.unflatten([leaf[i] for leaf in per_leaf]) for i in range(4)]
+        return ScaleBySoapState(state.count, *columns)
 
     def state_specs(self, params: Any, param_specs: Any) -> Any:
-        """Moments follow the parameters. The statistic and the basis of a dimension are split
-        along their first axis (rows) as the parameter splits that dimension (the mesh axes of
-        the parameter's axes a merged dimension gathers), and not along the second; the count
-        is replicated.
-
-        The split is valid: the parameter's spec splits that dimension evenly, so the rows do
-        too. It keeps the memory of a `(d, d)` matrix per device at `d^2 / ways`, and the
-        rotations contract the parameter's split axis with the basis' split rows. The
-        eigendecomposition and QR are not partitioned: XLA gathers each matrix for them (at the
-        first step and at refreshes). With `merge_dims`, merging a split axis with others is a
-        reshape that XLA may only do by gathering the tensor.
+        """Every stack (moments, statistics, bases) lies on its owners (`OWNED`: each
+        parameter's state whole on the device that owns it, the stack split over the mesh axes
+        that divide its length, never split further by ZeRO-1); the count is replicated.
 
         Args:
             params: the parameters, concrete or abstract.
-            param_specs: their `PartitionSpec`s.
+            param_specs: their `PartitionSpec`s (unused: the stacks' layout is the owners').
         """
-        treedef = jax.tree_util.tree_structure(params)
-
-        def one(p, spec):
-            lay = self.layout(p.shape)
-            entries = padded(spec, len(p.shape))
-            specs = []
-            for group, rotated in zip(lay.groups, lay.rotated):
-                if not rotated:
-                    specs.append(None)
-                    continue
-                names = tuple(n for a in group for n in _axis_names(entries[a]))
-                row = None if not names else names[0] if len(names) == 1 else names
-                specs.append(PartitionSpec(row, None))
-            return tuple(specs)
-
-        stats = [one(p, s) for p, s in zip(treedef.flatten_up_to(params), treedef.flatten_up_to(param_specs))]
+        del param_specs
+        state = jax.eval_shape(self.init, params)
+        owned = lambda tree: jax.tree_util.tree_map(lambda _: OWNED, tree)  # noqa: E731
         return ScaleBySoapState(
-            count=REPLICATED,
-            mu=param_specs,
-            nu=param_specs,
-            statistics=treedef.unflatten(stats),
-            eigenbases=treedef.unflatten(stats),
+            REPLICATED, owned(state.mu), owned(state.nu), owned(state.statistics), owned(state.eigenbases)
         )
 
     def update(self, updates, state, params=None, **extra_args):
-        del params, extra_args
+        del extra_args
         treedef = jax.tree_util.tree_structure(updates)
-        layouts = [self.layout(g.shape) for g in treedef.flatten_up_to(updates)]
-        columns = [treedef.flatten_up_to(t) for t in (updates, state.mu, state.nu, state.statistics, state.eigenbases)]
-        operands = [list(leaf) for leaf in zip(*columns)]
+        grads = treedef.flatten_up_to(updates)
+        # The kinds are the parameters' (as in `init`); without them, the gradients'.
+        like = grads if params is None else treedef.flatten_up_to(params)
+        layouts, flips, stacks = self._units(grads, [jnp.result_type(x) for x in like])
+        _check_stacks(stacks, state)
+        mesh = current_mesh()
+        # On a mesh a unit is the parameter in the shape the rotations act on, in its kind's
+        # orientation; without one, the parameter as it is (the work then runs the
+        # single-device code on it: the same arrays, the same numbers).
+        units = [
+            _unit_map(jnp.shape(g), lay, flip) if mesh is not None else whole_map(jnp.shape(g))
+            for g, lay, flip in zip(grads, layouts, flips)
+        ]
+        specs = specs_of(params) if params is not None else [None] * len(grads)
+        if mesh is not None:
+            specs = [_spread(spec, u, mesh) for spec, u in zip(specs, units)]
+        leaves = [
+            None if kind is None else LeafUnits((g,), u, spec)
+            for g, u, kind, spec in zip(grads, units, stacks.leaf_kinds, specs)
+        ]
         count = state.count
         branch = jnp.where(count == 0, 0, jnp.where(count % self.precondition_frequency == 0, 1, 2))
-
-        def steps(step):
-            return lambda ops: [step(lay, *leaf) for lay, leaf in zip(layouts, ops)]
-
         refresh = functools.partial(self._adam_step, count=count, refresh=True)
         plain = functools.partial(self._adam_step, count=count, refresh=False)
-        results = jax.lax.switch(branch, [steps(self._first_step), steps(refresh), steps(plain)], operands)
-        new = [treedef.unflatten([r[i] for r in results]) for i in range(5)]
-        return new[0], ScaleBySoapState(safe_increment(count), *new[1:])
+
+        def work(kinds, pieces, states):
+            if mesh is None:  # a piece is one parameter as it is: the single-device code runs on it
+                owns = [_Own(g.shape[1:], self.layout(g.shape[1:])) for (g,) in pieces]
+                lays = [own.lay for own in owns]
+                operands = [own.to_work((g, *rows)) for own, (g,), rows in zip(owns, pieces, states)]
+            else:  # a piece is a device's units of a stack, in the kind's shape and orientation
+                lays = [
+                    _Layout(False, k.shape, tuple((a,) for a in range(len(k.shape))), k.rotated)
+                    for k in kinds
+                ]
+                operands = [(g, *rows) for (g,), rows in zip(pieces, states)]
+
+            def steps(step):
+                def run(ops):
+                    if mesh is None:
+                        return [step(lay, *args) for lay, args in zip(lays, ops)]
+                    return [
+                        per_unit(functools.partial(step, lay), len(args[0]), *args)
+                        for lay, args in zip(lays, ops)
+                    ]
+
+                return run
+
+            # One switch around the work of every stack: a step pays only for its branch.
+            results = jax.lax.switch(
+                branch, [steps(self._first_step), steps(refresh), steps(plain)], operands
+            )
+            if mesh is None:
+                results = [own.from_work(r) for own, r in zip(owns, results)]
+            return [(y,) for y, *_ in results], [tuple(rows) for _, *rows in results]
+
+        per_stack = list(zip(state.mu, state.nu, state.statistics, state.eigenbases))
+        done, new_stacks = run_per_unit(work, stacks, leaves, per_stack, mesh)
+        out_dtypes = [update_dtype(g.dtype, self.mu_dtype, self.nu_dtype) for g in grads]
+        new_updates = [
+            jnp.zeros(g.shape, dtype) if out is None else out[0].astype(dtype)
+            for g, out, dtype in zip(grads, done, out_dtypes)
+        ]
+        columns = (tuple(column) for column in zip(*new_stacks)) if new_stacks else ((),) * 4
+        return treedef.unflatten(new_updates), ScaleBySoapState(safe_increment(count), *columns)
 
     def _decay(self):
         return self.b2 if self.shampoo_beta is None else self.shampoo_beta
@@ -335,12 +458,6 @@ def _matrix_dtype(dtype: Any) -> Any:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _axis_names(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def _to_layout(x: jax.Array, lay: _Layout) -> jax.Array:
     """A parameter-shaped array in the shape the rotations act on."""
     if lay.permute:
@@ -387,6 +504,86 @@ def _power_qr(stats: tuple, bases: tuple, nu: jax.Array, lay: _Layout) -> tuple[
         v = jnp.take(v, order, axis=axis)
         new.append(jnp.linalg.qr(product[:, order])[0].astype(q.dtype))
     return tuple(new), _from_layout(v, nu.shape, lay)
+
+
+class _Own(NamedTuple):
+    """Without a mesh: one parameter's piece, its arrays as the single-device code has them
+    (the gradient and the moments in the parameter's shape, the statistics and bases in the
+    order of its own dimensions) and back to its stack's rows."""
+
+    shape: tuple[int, ...]
+    lay: _Layout
+
+    def _stored(self) -> tuple[UnitMap, bool]:
+        flip = _flipped(self.lay)
+        return _unit_map(self.shape, self.lay, flip), flip
+
+    def to_work(self, arrays: tuple) -> tuple:
+        (units, flip), (g, mu, nu, stats, bases) = self._stored(), arrays
+        matrices = [jax.tree_util.tree_map(lambda x: x[0], m[::-1] if flip else m) for m in (stats, bases)]
+        return (g[0], units.from_units(mu), units.from_units(nu), *matrices)
+
+    def from_work(self, arrays: list) -> list:
+        (units, flip), (y, mu, nu, stats, bases) = self._stored(), arrays
+        matrices = [jax.tree_util.tree_map(lambda x: x[None], m[::-1] if flip else m) for m in (stats, bases)]
+        return [y[None], units.to_units(mu), units.to_units(nu), *matrices]
+
+
+def _flipped(lay: _Layout) -> bool:
+    """Whether a parameter of layout `lay` is stored as its transpose (a matrix taller than wide)."""
+    return len(lay.shape) == 2 and lay.shape[0] > lay.shape[1]
+
+
+def _unit_map(shape: tuple[int, ...], lay: _Layout, swap: bool) -> UnitMap:
+    """A parameter of `shape` as one unit in the shape the rotations act on (`swap`: transposed)."""
+    return whole_map(tuple(shape), lay.groups, _CHANNELS_FIRST if lay.permute else None)._replace(swap=swap)
+
+
+def _spread(spec: PartitionSpec | None, units: UnitMap, mesh: Any) -> PartitionSpec | None:
+    """`spec` with each mesh axis it leaves out added where it splits the parameter evenly and
+    keeps its unit's parts whole (`UnitMap.unit_axes`), on an unsplit dimension first.
+
+    Cutting a parameter along an axis it is replicated over moves no data; its units then move
+    to their owners in one all-to-all over every axis (from parts replicated over an axis, XLA
+    gathered whole stacks instead).
+    """
+    if spec is None:
+        return None
+    entries = [_names(e) for e in padded(spec, len(units.shape))]
+    for axis in mesh.axis_names:
+        if mesh.shape[axis] == 1 or any(axis in names for names in entries):
+            continue
+        ways = [math.prod(mesh.shape[a] for a in names) for names in entries]
+        for dim in sorted(
+            range(len(entries)), key=lambda d: (bool(entries[d]), -(units.shape[d] // ways[d]))
+        ):
+            trial = [(*names, axis) if d == dim else names for d, names in enumerate(entries)]
+            fits = units.shape[dim] % (ways[dim] * mesh.shape[axis]) == 0
+            if fits and units.unit_axes(_spec(trial), mesh) is not None:
+                entries = trial
+                break
+    return _spec(entries)
+
+
+def _names(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _spec(entries: Sequence[tuple[str, ...]]) -> PartitionSpec:
+    return PartitionSpec(
+        *(None if not names else names[0] if len(names) == 1 else tuple(names) for names in entries)
+    )
+
+
+def _check_stacks(stacks: UnitStacks, state: ScaleBySoapState) -> None:
+    """Raises `ValueError` if the gradients' stacks are not the state's."""
+    found = [tuple(jnp.shape(m)) for m in state.mu]
+    expected = [(stacks.size(s), *kind.shape) for s, kind in enumerate(stacks.kinds)]
+    if found != expected:
+        raise ValueError(
+            f"ScaleBySoap: the state holds stacks of moments shaped {found}, but these gradients make "
+            f"stacks shaped {expected}: the state was made for other parameters (other shapes or dtypes)."
+        )
 
 
 scale_by_soap = ScaleBySoap

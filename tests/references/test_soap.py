@@ -77,13 +77,14 @@ def _torch_state(state):
 
 
 def jax_run(tx, params, grads, jit=True):
+    """The updates, and the states per parameter (`unstacked`), after each step."""
     state = tx.init(jax.tree.map(jnp.asarray, params))
     update = jax.jit(tx.update) if jit else tx.update
     updates, states = [], []
     for g in grads:
         u, state = update(jax.tree.map(jnp.asarray, g), state)
         updates.append(u)
-        states.append(state)
+        states.append(tx.unstacked(state, params))
     return updates, states
 
 
@@ -214,10 +215,12 @@ def test_rank_deficient_statistics():
     for step, g in enumerate(grads):
         u, state = update(jax.tree.map(jnp.asarray, g), state)
         if step == 0:
-            theirs = {k: tuple(jnp.asarray(q) for q in torch_states[0][k]["eigenbases"]) for k in shapes}
-            state = state._replace(eigenbases=theirs)
+            theirs = {k: [jnp.asarray(q)[None] for q in torch_states[0][k]["eigenbases"]] for k in shapes}
+            # Stacked (see `ScaleBySoapState`): the (6, 4) matrix as its transpose, its bases
+            # in the order (columns, rows), then the vector.
+            state = state._replace(eigenbases=(tuple(theirs["tall"][::-1]), tuple(theirs["vector"])))
         updates.append(u)
-        states.append(state)
+        states.append(tx.unstacked(state, params))
     compare(updates, states, deltas, torch_states, shapes)
 
 
@@ -327,7 +330,7 @@ def test_bf16_statistics_in_float32():
     params = {"w": jnp.ones((3, 4), jnp.bfloat16)}
     tx = modopt.soap(1e-3)
     state = tx.init(params)
-    soap_state = state[0]
+    soap_state = tx.build().transforms[0].unstacked(state[0], params)
     assert soap_state.mu["w"].dtype == jnp.bfloat16
     assert all(s.dtype == jnp.float32 for s in soap_state.statistics["w"] + soap_state.eigenbases["w"])
     updates, state = jax.jit(tx.update)({"w": jnp.full((3, 4), 0.5, jnp.bfloat16)}, state, params)
@@ -349,10 +352,10 @@ def test_frequency_changes_without_retrace():
         for g in grads:
             _, state = step(tx, g, state)
         if frequency == 1:
-            first = [np.asarray(q) for q in state.eigenbases["m"]]
+            first = [np.asarray(q) for q in tx.unstacked(state, params).eigenbases["m"]]
     assert len(traces) == 1
     # With frequency 3 the bases were refreshed once (step 3), with 1 at every step: they differ.
-    assert not np.allclose(first[0], np.asarray(state.eigenbases["m"][0]))
+    assert not np.allclose(first[0], np.asarray(tx.unstacked(state, params).eigenbases["m"][0]))
 
 
 @pytest.mark.parametrize(
@@ -377,29 +380,37 @@ MESH = AbstractMesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisTy
 
 
 def test_state_specs():
-    """Rows of a statistic and of its basis split as the parameter splits that dimension (a
-    merged dimension gathers the mesh axes of its parameter axes); columns are whole; moments
-    follow the parameters; ZeRO-1 splits further over "data" where it divides."""
-    params = {
-        "w": jax.ShapeDtypeStruct((8, 12), jnp.float32),
-        "conv": jax.ShapeDtypeStruct((2, 4, 3, 3), jnp.float32),
-        "b": jax.ShapeDtypeStruct((8,), jnp.float32),
-    }
-    specs = {"w": P(None, "model"), "conv": P("data", "model"), "b": P("model")}
+    """Parameters of one kind stack their state; every stack (moments, statistics, bases) lies
+    on its owners (`OWNED`: each parameter's state whole on one device, the stack split over
+    the mesh axes that divide its length, never split further by ZeRO-1); a matrix taller than
+    wide stacks as its transpose, with the wide ones of its shape; the count is replicated."""
+    shapes = {"b": (8,), "c": (8,), "conv": (2, 4, 3, 3), "u": (8, 12), "v": (12, 8), "w": (8, 12), "x": (12, 8)}
+    params = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()}
+    specs = {"b": P("model"), "c": P(), "conv": P("data", "model"), "u": P(None, "model"), "v": P("model"),
+             "w": P("data"), "x": P()}
     tx = modopt.scale_by_soap(max_precondition_dim=10, merge_dims=True)
     state_specs = tx.state_specs(params, specs)
-    assert state_specs.statistics["w"] == (P(None, None), None)  # 12 > 10: not rotated
-    # (2, 4, 3, 3) merges to (8, 9): axes (0, 1) split over data and model, (2, 3) whole.
-    assert state_specs.statistics["conv"] == (P(("data", "model"), None), P(None, None))
-    assert state_specs.eigenbases["conv"] == state_specs.statistics["conv"]
-    assert state_specs.statistics["b"] == (None,)
-    assert state_specs.mu == specs and state_specs.nu == specs
-    unmerged = modopt.scale_by_soap().state_specs(params, specs)
-    assert unmerged.statistics["w"] == (P(None, None), P("model", None))
-    optimizer = eqx.filter_eval_shape(modopt.Optimizer, modopt.soap(1e-3), params)
-    placed = modopt.sharding.shardings(optimizer, specs, mesh=MESH, zero_axis="data")
-    w_stats = placed.state[0].statistics["w"]
-    assert w_stats[1].spec == P("model", "data") and w_stats[0].spec == P("data", None)
+    owned = modopt.sharding.OWNED
+    # Stacks in the order of their first parameter (JAX's sorted dict keys): the vectors b and
+    # c (not rotated), conv (merged to (8, 9)), and u, v, w, x as (8, 12) (12 > 10: not rotated).
+    assert state_specs.mu == state_specs.nu == (owned, owned, owned)
+    assert state_specs.statistics == state_specs.eigenbases == ((None,), (owned, owned), (owned, None))
+    assert state_specs.count == P()
+    state = jax.eval_shape(tx.init, params)
+    assert [m.shape for m in state.mu] == [(2, 8), (1, 8, 9), (4, 8, 12)]
+    assert [[None if s is None else s.shape for s in stack] for stack in state.statistics] == [
+        [None], [(1, 8, 8), (1, 9, 9)], [(4, 8, 8), None]
+    ]
+    per_parameter = jax.eval_shape(lambda p: tx.unstacked(tx.init(p), p), params)
+    assert jax.tree.map(lambda x: x.shape, per_parameter.mu) == shapes
+    assert [None if s is None else s.shape for s in per_parameter.statistics["v"]] == [None, (8, 8)]
+    assert [None if s is None else s.shape for s in per_parameter.statistics["conv"]] == [(8, 8), (9, 9)]
+    optimizer = eqx.filter_eval_shape(modopt.Optimizer, modopt.soap(1e-3, max_precondition_dim=10, merge_dims=True), params)
+    placed = modopt.sharding.shardings(optimizer, specs, mesh=MESH, zero_axis="data").state[0]
+    # Stacks of 2, 1 and 4 units on 8 devices: each device holds one unit of each, whole.
+    for field in ("mu", "nu", "statistics", "eigenbases"):
+        for x, y in zip(jax.tree.leaves(getattr(placed, field)), jax.tree.leaves(getattr(state, field))):
+            assert x.shard_shape(y.shape) == (1, *y.shape[1:]), (field, y.shape, x.spec)
 
 
 def test_state_bytes_per_parameter():
@@ -430,3 +441,33 @@ def test_masked_equals_alone():
         expected, alone_state = alone_update({"w": g["w"]}, alone_state)
         assert_close(u["w"], expected["w"], "w", 1e-6)
         np.testing.assert_array_equal(u["b"], g["b"])
+
+
+def test_stacked_leaves_equal_each_alone():
+    """A (6, 4) and a (4, 6) matrix share a stack (the taller as its transpose), as do two
+    vectors; each gets what `scale_by_soap` gives it alone, its state per parameter in its own
+    shape. A leaf without elements gets an empty update and stores nothing."""
+    shapes = {"tall": (6, 4), "wide": (4, 6), "v1": (5,), "v2": (5,), "empty": (0, 3)}
+    params, grads = make(shapes, seed=8, steps=5)
+    tx = modopt.scale_by_soap(precondition_frequency=2)
+    state = tx.init(jax.tree.map(jnp.asarray, params))
+    assert [m.shape for m in state.mu] == [(2, 4, 6), (2, 5)]  # sorted keys: empty, tall, v1, v2, wide
+    updates, states = jax_run(tx, params, grads)
+    for k in ("tall", "wide", "v1"):
+        alone_updates, alone_states = jax_run(tx, {k: params[k]}, [{k: g[k]} for g in grads])
+        for step in range(len(grads)):
+            assert_close(updates[step][k], alone_updates[step][k], f"update of {k} at step {step}", 1e-6)
+            for field in ("mu", "nu", "statistics", "eigenbases"):
+                a, b = getattr(states[step], field)[k], getattr(alone_states[step], field)[k]
+                assert jax.tree.structure(a) == jax.tree.structure(b), (k, field)
+                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+                    assert_close(x, y, f"{field} of {k} at step {step}", 1e-6)
+    assert updates[-1]["empty"].shape == (0, 3) and updates[-1]["empty"].dtype == jnp.float32
+    assert states[-1].statistics["empty"] == (None, None) and states[-1].mu["empty"].shape == (0, 3)
+
+
+def test_state_of_other_parameters_rejected():
+    tx = modopt.scale_by_soap()
+    state = tx.init({"w": jnp.ones((3, 4))})
+    with pytest.raises(ValueError, match="the state was made for other parameters"):
+        tx.update({"w": jnp.ones((4, 5))}, state)

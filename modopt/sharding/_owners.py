@@ -561,6 +561,9 @@ class _Move:
                 if self.layouts is not None:
                     units = jax.lax.with_sharding_constraint(units, self._sharding(None, *map(_entry, self.layouts[i])))
                     units = jax.lax.with_sharding_constraint(_pack(units, self.layouts[i], self.mesh), self._sharding(None, _entry(self.common)))
+                else:  # laid out as XLA chose: gathered whole first (concatenating parts laid out apart
+                    # as XLA chose gave wrong numbers on XLA:CPU: O(1) errors in Shampoo's steps)
+                    units = jax.lax.with_sharding_constraint(units, self._sharding())
                 parts.append(units)
             stacked = _pad(_concatenate(parts), self.length)
             stacked = jax.lax.with_sharding_constraint(stacked, self.owner_sharding)

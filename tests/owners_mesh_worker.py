@@ -22,6 +22,38 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import pod  # noqa: E402 (sets the device count before jax is imported)
 
 
+def on_its_own(name: str) -> float:
+    """The transform stepped on its own (no `Optimizer`) under `jax.set_mesh`, its gradients
+    taken in the same jitted step: the owner scheme does not know how the parameters lie and
+    gathers each whole before moving it. The largest relative difference of the parameters and
+    the state after 2 steps from one device's."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    import modopt
+
+    size = pod.SIZES["smoke"]
+    mesh, spec_fn, _, batch_spec = pod.layouts()["tp+zero1"]
+    shapes = pod.model_shapes(size["layers"], size["width"], size["vocab"])
+    shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec_fn(shapes), is_leaf=lambda x: isinstance(x, PartitionSpec))
+    host = pod.make_params(shapes, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (size["batch"], size["context"] + 1), 0, size["vocab"])
+    tx = pod.OPTIMIZERS[name][0]()
+
+    def step(params, state, tokens):
+        updates, state = tx.update(jax.grad(pod.forward_loss)(params, tokens), state, params)
+        return modopt.apply_updates(params, updates), state
+
+    one = (host, tx.init(host))
+    with jax.set_mesh(mesh):
+        sharded = (jax.device_put(host, shardings), jax.jit(tx.init)(jax.device_put(host, shardings)))
+        placed = jax.device_put(tokens, NamedSharding(mesh, batch_spec))
+        for _ in range(2):
+            one = jax.jit(step)(*one, tokens)
+            sharded = jax.block_until_ready(jax.jit(step)(*sharded, placed))
+    return pod._relative_difference(sharded, one)
+
+
 def main(names: list[str]) -> None:
     size = pod.SIZES["smoke"]
     print(f"goals {json.dumps(pod.GOALS)}", flush=True)
@@ -29,6 +61,8 @@ def main(names: list[str]) -> None:
         for layout in pod.layouts():
             row = pod.measure(name, layout, size, time_steps=False, check_steps=2)
             print(f"row {name} {layout} {json.dumps(row)}", flush=True)
+        if name != "adamw":
+            print(f"alone {name} {on_its_own(name)}", flush=True)
 
 
 if __name__ == "__main__":

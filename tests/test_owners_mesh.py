@@ -14,7 +14,8 @@ ZeRO-1), on the transformer of `benchmarks/pod.py` at its smoke size:
 - state: the most state bytes on a device over an even split, at most `pod.GOALS["state"]`;
 - the parameters and state after 2 steps equal the one-device step's within the tolerance the
   registry's sharded checks use (Newton-Schulz amplifies the rounding of reordered sums; SOAP's
-  eigenvectors move with the gap between eigenvalues).
+  eigenvectors move with the gap between eigenvalues); so does the transform stepped on its own
+  under `jax.set_mesh`, where the owner scheme does not know the parameters' layout.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def rows(request):
         if line.startswith("row "):
             _, name, layout, data = line.split(" ", 3)
             found[(name, layout)] = json.loads(data)
+        if line.startswith("alone "):
+            _, name, difference = line.split(" ")
+            found[(name, "alone")] = float(difference)
     return request.param, found
 
 
@@ -69,6 +73,15 @@ def test_each_step_within_its_bounds_and_equal_to_one_device(rows):
                 if bound is not None and not value <= bound:
                     failures.append(f"{name} on {layout}: {what} {value:.3g} > {bound}")
     assert not failures, "\n".join(failures)
+
+
+def test_a_transform_on_its_own_under_set_mesh(rows):
+    """Stepped without an `Optimizer` under `jax.set_mesh` (the parameters' layout unknown to the
+    owner scheme), its gradients taken in the same jitted step: one device's numbers."""
+    names, found = rows
+    for name in names:
+        if name != "adamw":
+            assert found[(name, "alone")] <= TOLERANCE.get(name, 1e-5), (name, found[(name, "alone")])
 
 
 def test_adamw_moves_nothing_under_fsdp(rows):

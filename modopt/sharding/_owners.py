@@ -624,13 +624,16 @@ def _entry(names: Sequence[str]) -> Any:
 def _common_layouts(leaves: Sequence[LeafUnits], unit_shape: tuple[int, ...], mesh: Any) -> list | None:
     """Per member, the mesh axes of each unit dimension, all members over the same axes; or
     `None` where some member's layout is unknown (then the stack moves as XLA decides)."""
-    wished = []
+    wished, split = [], set()
     for leaf in leaves:
         if leaf.spec is None:
             return None
         axes = leaf.units.unit_axes(leaf.spec, mesh)
+        # A leaf split along its stack of units (or inside a merge) is split inside its units
+        # for the move: its axes join the common ones (an all-to-all within the leaf first).
+        split.update(name for entry in leaf.spec if entry is not None for name in _names(entry))
         wished.append(axes if axes is not None else ((),) * len(unit_shape))
-    union = [a for a in mesh.axis_names if any(a in names for w in wished for names in w)]
+    union = [a for a in mesh.axis_names if a in split or any(a in names for w in wished for names in w)]
     for size in range(len(union), -1, -1):
         for common in itertools.combinations(union, size):
             layouts = [_assign(w, common, unit_shape, mesh) for w in wished]

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from .. import fields
 from .._base import AbstractTransform
@@ -27,7 +28,6 @@ from ..sharding._owners import (
     whole_map,
 )
 from .._fields import Scalar
-from jax.sharding import PartitionSpec
 from jax.typing import DTypeLike
 
 DATA_FORMATS = ("channels_first", "channels_last")

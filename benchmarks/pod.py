@@ -6,6 +6,9 @@ quick look, which writes nothing unless `--out`). It sets up 8 simulated CPU dev
 For each optimizer and each of two layouts of a transformer's parameters on 8 devices:
 
 - "fsdp": a mesh `(8,)` named "fsdp"; every parameter split along its first axis.
+- "fsdp 2x2x2": the same on a mesh `(2, 2, 2)` of the 8 devices, each parameter split over all
+  three axes: a stack of 2 or 4 units of a kind can split over 2 or 4 devices (on one axis of
+  8 it is held whole by every device; see `modopt.sharding.owner_axes`).
 - "tp+zero1": a mesh `(2, 4)` named ("data", "model"); Megatron's tensor parallelism (the
   query, key, value and first MLP matrices split by columns over "model", the attention output
   and second MLP matrices by rows, the embedding and the head by the vocabulary), norms
@@ -34,6 +37,7 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
@@ -85,6 +89,7 @@ MATRIX_OPTIMIZERS = [name for name in OPTIMIZERS if name != "adamw"]
 GOALS = {
     "communication": {
         "fsdp": {"muon": 3, "normuon": 3, "adamuon": 3, "shampoo": 4, "soap": 4, "kron": 4},
+        "fsdp 2x2x2": {"muon": 3, "normuon": 3, "adamuon": 3, "shampoo": 4, "soap": 4, "kron": 4},
         "tp+zero1": {"muon": 4, "normuon": 4, "adamuon": 4, "shampoo": 5, "soap": 5, "kron": 5},
     },
     "refresh": 6,
@@ -145,7 +150,21 @@ def layouts() -> dict:
             "head": P(None, "model"),
         }
 
-    return {"fsdp": (fsdp, fsdp_specs, None, P("fsdp")), "tp+zero1": (tp, tp_specs, "data", P("data"))}
+    # The same FSDP layout on a mesh whose axes factor the 8 devices: a stack of units that 8
+    # does not divide (2 or 4 of a kind) can still split over 2 or 4 of them.
+    fine = jax.make_mesh((2, 2, DEVICES // 4), FINE_AXES, axis_types=(AxisType.Auto,) * 3)
+
+    def fine_specs(shapes):
+        return jax.tree_util.tree_map(lambda s: P(FINE_AXES), shapes, is_leaf=is_shape)
+
+    return {
+        "fsdp": (fsdp, fsdp_specs, None, P("fsdp")),
+        "fsdp 2x2x2": (fine, fine_specs, None, P(FINE_AXES)),
+        "tp+zero1": (tp, tp_specs, "data", P("data")),
+    }
+
+
+FINE_AXES = ("fsdp_a", "fsdp_b", "fsdp_c")
 
 
 def forward_loss(params: dict, tokens: jax.Array, heads: int = 4) -> jax.Array:
@@ -183,12 +202,15 @@ def train_step(params, optimizer, tokens):
     return params, optimizer, loss
 
 
-def state_bytes(optimizer, placed=None) -> tuple[int, int]:
-    """(all the state's bytes, the most on one device)."""
-    total = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(optimizer.state) if hasattr(x, "dtype"))
-    if placed is None:
-        return total, total
-    return total, modopt.sharding.bytes_per_device(optimizer.state, placed.state)
+def state_bytes(optimizer) -> tuple[int, int]:
+    """(all the state's bytes, the most that one device holds), read off the arrays."""
+    leaves = [x for x in jax.tree_util.tree_leaves(optimizer.state) if hasattr(x, "dtype")]
+    total = sum(x.size * x.dtype.itemsize for x in leaves)
+    held: dict = {}
+    for x in leaves:
+        for shard in x.addressable_shards:
+            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+    return total, max(held.values())
 
 
 def timed(fn, args, repeats: int) -> float:
@@ -213,6 +235,16 @@ def _relative_difference(ours, reference) -> float:
     return worst
 
 
+@functools.lru_cache(maxsize=None)
+def _one_device(name: str, layers: int, width: int, vocab: int) -> tuple:
+    """The optimizer step on one device (the same for every layout): the optimizer, its compiled
+    step and that step's FLOPs."""
+    host_params = make_params(model_shapes(layers, width, vocab), jax.random.key(0))
+    single = modopt.Optimizer(OPTIMIZERS[name][0](), host_params, group_small_leaves=False)  # the sharded state's layout
+    compiled = jax.jit(optimizer_step).lower(host_params, single, host_params).compile()
+    return single, compiled, modopt.sharding.compiled_cost(compiled).flops
+
+
 def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, check_steps: int = 0) -> dict:
     """One optimizer on one layout: the row of the table (see the module's docstring). With
     `check_steps`, the sharded optimizer step also runs that many times beside the one-device
@@ -227,10 +259,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
     param_bytes = sum(x.size * 4 for x in jax.tree_util.tree_leaves(host_params))
     unit = param_bytes / DEVICES
 
-    # One device: the reference FLOPs.
-    single = modopt.Optimizer(make(), host_params)
-    single_compiled = jax.jit(optimizer_step).lower(host_params, single, host_params).compile()
-    single_flops = modopt.sharding.compiled_cost(single_compiled).flops
+    single, single_compiled, single_flops = _one_device(name, size["layers"], size["width"], size["vocab"])
 
     params = jax.device_put(host_params, shardings)
     grads = jax.device_put(jax.tree_util.tree_map(lambda x: 0.01 * x, host_params), shardings)
@@ -241,7 +270,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
     compiled = step.lower(params, optimizer, grads).compile()
     compile_seconds = time.perf_counter() - start
     cost = modopt.sharding.compiled_cost(compiled)
-    total, most = state_bytes(optimizer, placed)
+    total, most = state_bytes(optimizer)
     row = {
         "communication": cost.received_bytes / unit,
         "communication on a refresh": cost.received_bytes_costliest / unit,

@@ -24,7 +24,6 @@ from modopt.sharding._owners import (
     _unpack,
     matrix_map,
     owner_axes,
-    owner_mesh_of,
     run_per_unit,
     whole_map,
 )
@@ -118,21 +117,14 @@ def test_packing_puts_each_device_part_in_its_slot(layout):
     np.testing.assert_array_equal(_unpack(jnp.asarray(packed), layout, (8, 12), MESH), units)
 
 
-def test_owners_lie_on_the_mesh_cut_into_prime_axes():
-    """Owners are placed on the mesh with each axis cut into prime factors (the same devices in
-    the same order), so that a stack splits over the largest divisor of its length: 4 units on
-    a 2 x 4 mesh over 4 devices, 6 over 2, 3 over none."""
-    owners = owner_mesh_of(MESH)
-    assert owners.axis_names == ("data", "model.0", "model.1") and dict(owners.shape) == {"data": 2, "model.0": 2, "model.1": 2}
-    assert owner_mesh_of(AbstractMesh((3, 5), ("a", "b"))) == AbstractMesh((3, 5), ("a", "b"))  # primes stay
-    assert owner_axes(16, owners) == ("data", "model.0", "model.1")
-    assert owner_axes(4, owners) == ("data", "model.0")
-    assert owner_axes(6, owners) == ("data",)
-    assert owner_axes(3, owners) == ()
-    assert owner_axes(4, MESH) == ("model",)  # on the mesh's own axes
-    assert modopt.sharding.owner_spec(8, MESH) == P(("data", "model.0", "model.1"))
-    fsdp = owner_mesh_of(AbstractMesh((12,), ("fsdp",)))
-    assert owner_axes(4, fsdp) == ("fsdp.0", "fsdp.1") and owner_axes(3, fsdp) == ("fsdp.2",)
+def test_owner_axes_take_the_largest_divisor():
+    assert owner_axes(16, MESH) == ("data", "model")
+    assert owner_axes(4, MESH) == ("model",)
+    assert owner_axes(6, MESH) == ("data",)
+    assert owner_axes(3, MESH) == ()
+    assert modopt.sharding.owner_spec(8, MESH) == P(("data", "model"))
+    fine = AbstractMesh((2, 2, 2), ("a", "b", "c"))  # the same 8 devices, finer axes
+    assert owner_axes(2, AbstractMesh((8,), ("fsdp",))) == () and owner_axes(2, fine) == ("a",)
 
 
 def test_stacks_group_by_kind_in_order_of_first_leaf():

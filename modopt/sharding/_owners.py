@@ -121,47 +121,15 @@ def specs_of(*trees: Any) -> list[PartitionSpec | None]:
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def owner_mesh_of(mesh: Any) -> Any:
-    """The mesh owners are placed on: `mesh` with each axis cut into axes of prime sizes, major
-    first ("fsdp" of 8 becomes "fsdp.0", "fsdp.1", "fsdp.2" of 2 each), the same devices in the
-    same order. A stack can then be split over any divisor of the device count: 4 units on 8
-    devices of one axis are split 4 ways (each device holds one, or its copy), not held whole by
-    every device. A mesh with Explicit axes is used as it is."""
-    if any(t != jax.sharding.AxisType.Auto for t in getattr(mesh, "axis_types", ())):
-        return mesh
-    names, sizes = [], []
-    for name in mesh.axis_names:
-        factors = _prime_factors(mesh.shape[name])
-        if len(factors) <= 1:
-            names.append(name)
-            sizes.append(mesh.shape[name])
-        else:
-            names += [f"{name}.{i}" for i in range(len(factors))]
-            sizes += factors
-    if tuple(names) == tuple(mesh.axis_names):
-        return mesh
-    types = (jax.sharding.AxisType.Auto,) * len(names)
-    if isinstance(mesh, jax.sharding.Mesh):
-        return jax.sharding.Mesh(mesh.devices.reshape(sizes), tuple(names), axis_types=types)
-    return jax.sharding.AbstractMesh(tuple(sizes), tuple(names), axis_types=types)
-
-
-def _prime_factors(n: int) -> list[int]:
-    factors, p = [], 2
-    while n > 1:
-        while n % p == 0:
-            factors.append(p)
-            n //= p
-        p += 1
-    return factors
-
-
 def owner_axes(count: int, mesh: Any) -> tuple[str, ...]:
-    """The axes of `mesh` a stored stack of `count` units is split over: of all sets of them,
-    the one whose product is the largest divisor of `count` (the fewest axes, then the first in
-    the mesh's order, on ties), in the mesh's order. (On `owner_mesh_of(mesh)` any divisor of the
-    device count is such a product.)"""
+    """The mesh axes a stored stack of `count` units is split over: of all sets of axes, the one
+    whose product is the largest divisor of `count` (the fewest axes, then the first in the
+    mesh's order, on ties), in the mesh's order.
+
+    A stack no product of axes divides evenly is held whole by the devices of the other axes.
+    A mesh with finer axes ((2, 2, 2) rather than (8,), the same devices) lets more stacks split
+    over more devices. (The owners cannot lie on a finer mesh of their own: `jax.jit` under
+    `jax.set_mesh` returns arrays only on the mesh set.)"""
     names = [name for name in mesh.axis_names if mesh.shape[name] > 1]
     best: tuple[str, ...] = ()
     for size in range(1, len(names) + 1):
@@ -177,34 +145,17 @@ def _spec(axes: Sequence[str]) -> PartitionSpec:
 
 
 def owner_spec(count: int, mesh: Any) -> PartitionSpec:
-    """The `PartitionSpec`, on `owner_mesh_of(mesh)`, of a stored stack of `count` units."""
-    return _spec(owner_axes(count, owner_mesh_of(mesh)))
+    """The `PartitionSpec` of a stored stack of `count` units on `mesh` (see `owner_axes`)."""
+    return _spec(owner_axes(count, mesh))
 
 
-def owner_sharding(count: int, mesh: Any, memory_kind: str | None = None) -> NamedSharding:
-    """The `NamedSharding` of a stored stack of `count` units on `mesh` (the `OWNED` rule)."""
-    return NamedSharding(owner_mesh_of(mesh), owner_spec(count, mesh), memory_kind=memory_kind)
-
-
-def _owners_mesh(mesh: Any) -> Any:
-    """The mesh a step places owners on: `owner_mesh_of(mesh)`, as the state was placed; but the
-    mesh itself for an `Optimizer` on Explicit axes, whose state lies on those axes (its step
-    traces the work on the Auto version of them)."""
-    context = _CONTEXT.get()
-    layout_mesh = None if context is None else context.mesh
-    if jax.sharding.AxisType.Explicit in getattr(layout_mesh, "axis_types", ()):
-        return mesh
-    return owner_mesh_of(mesh)
-
-
-def _owner_layout(count: int, owners: Any, pad: bool) -> tuple[NamedSharding, int]:
-    """The sharding of a stack of `count` units on the owners' mesh, and its length once padded:
-    with `pad`, split over every device, its length a multiple of the device count; without,
-    over `owner_axes`."""
+def _owner_layout(count: int, mesh: Any, pad: bool) -> tuple[NamedSharding, int]:
+    """The sharding of a stack of `count` units, and its length once padded: with `pad`, split
+    over every device, its length a multiple of the device count; without, over `owner_axes`."""
     if not pad:
-        return NamedSharding(owners, _spec(owner_axes(count, owners))), count
-    axes = tuple(name for name in owners.axis_names if owners.shape[name] > 1)
-    return NamedSharding(owners, _spec(axes)), -(-count // owners.size) * owners.size
+        return NamedSharding(mesh, owner_spec(count, mesh)), count
+    axes = tuple(name for name in mesh.axis_names if mesh.shape[name] > 1)
+    return NamedSharding(mesh, _spec(axes)), -(-count // mesh.size) * mesh.size
 
 
 class UnitMap(NamedTuple):
@@ -458,14 +409,14 @@ def run_per_unit(
     moves = [_Move(stacks, s, leaves, mesh, pad=states[s] is None) for s in range(len(stacks))]
     pieces = [move.to_owners() for move in moves]
     if extras is not None:  # small per-unit data: made whole on every device, each owner takes its rows
-        replicated = NamedSharding(_owners_mesh(mesh), PartitionSpec())
+        replicated = NamedSharding(mesh, PartitionSpec())
         pieces = [
             (*piece, _constrain(_pad_tree(_constrain(stacked, replicated), move.length), move.owner_sharding))
             for piece, stacked, move in zip(pieces, stacks.stack(extras), moves)
         ]
     placed = [None if st is None else _constrain(st, move.owner_sharding) for st, move in zip(states, moves)]
     specs = [move.owner_sharding.spec for move in moves]
-    outs, new = _on_each_owner(fn, list(stacks.kinds), pieces, placed, specs, _owners_mesh(mesh))
+    outs, new = _on_each_owner(fn, list(stacks.kinds), pieces, placed, specs, mesh)
     per_leaf = [None] * len(leaves)
     for move, out in zip(moves, outs):
         for leaf, arrays in move.from_owners(out).items():
@@ -493,13 +444,7 @@ def _on_each_owner(fn: StackFn, kinds: list, pieces: list, states: list, specs: 
     run = jax.shard_map(
         local, mesh=mesh, in_specs=(list(specs), list(specs)), out_specs=(list(specs), list(specs)), check_vma=False
     )
-    context = jax.sharding.get_abstract_mesh()
-    if context is None or context.empty:
-        return run(pieces, states)
-    # Under a mesh set for the trace (`jax.set_mesh`, or Explicit axes' `auto_axes`), the owners'
-    # mesh (the same devices, cut into prime axes) is made the context for the call.
-    with jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh)):
-        return run(pieces, states)
+    return run(pieces, states)
 
 
 def per_unit(fn: Callable[..., Any], count: int, *args: Any, **kwargs: Any) -> Any:
@@ -542,7 +487,7 @@ class _Move:
         self.counts = [stacks.counts[leaf] for leaf in self.members]
         self.unit_shape = self.leaves[0].units.unit_shape
         self.size = sum(self.counts)
-        self.owner_sharding, self.length = _owner_layout(self.size, _owners_mesh(mesh), pad)
+        self.owner_sharding, self.length = _owner_layout(self.size, mesh, pad)
         self.layouts = _common_layouts(self.leaves, self.unit_shape, mesh)
         self.common = () if self.layouts is None else tuple(a for a in mesh.axis_names if any(a in d for d in self.layouts[0]))
 
@@ -624,16 +569,18 @@ def _entry(names: Sequence[str]) -> Any:
 def _common_layouts(leaves: Sequence[LeafUnits], unit_shape: tuple[int, ...], mesh: Any) -> list | None:
     """Per member, the mesh axes of each unit dimension, all members over the same axes; or
     `None` where some member's layout is unknown (then the stack moves as XLA decides)."""
-    wished, split = [], set()
+    wished = []
     for leaf in leaves:
         if leaf.spec is None:
             return None
         axes = leaf.units.unit_axes(leaf.spec, mesh)
         # A leaf split along its stack of units (or inside a merge) is split inside its units
-        # for the move: its axes join the common ones (an all-to-all within the leaf first).
-        split.update(name for entry in leaf.spec if entry is not None for name in _names(entry))
+        # for the move (an all-to-all within the leaf first).
         wished.append(axes if axes is not None else ((),) * len(unit_shape))
-    union = [a for a in mesh.axis_names if a in split or any(a in names for w in wished for names in w)]
+    # Every axis, those a leaf is replicated over included: cutting along those moves no data,
+    # and the stack then moves in one all-to-all over all devices (from parts replicated over
+    # an axis, XLA gathered whole stacks).
+    union = [a for a in mesh.axis_names if mesh.shape[a] > 1]
     for size in range(len(union), -1, -1):
         for common in itertools.combinations(union, size):
             layouts = [_assign(w, common, unit_shape, mesh) for w in wished]

@@ -14,7 +14,7 @@ from .._checks import _first_difference
 from .._offload import place, with_memory_kind
 from .._signature import ModelSignature
 from .._specs import NoRule, Owned, is_spec, padded
-from ._owners import more_specs, owner_sharding
+from ._owners import more_specs, owner_spec
 
 
 class Layout:
@@ -199,9 +199,8 @@ def derive_layout(
                 f"like a parameter. {spec.owner} must declare its layout in a `state_specs` method."
             )
         if isinstance(spec, Owned):  # a stack of units on their owners: whole, never split further
-            placed.append(owner_sharding(shape[0], mesh, memory_kind))
-            continue
-        if zero_axis is not None:
+            spec = owner_spec(shape[0], mesh)
+        elif zero_axis is not None:
             spec = _with_axis(spec, shape, zero_axis, mesh)
         _check(spec, shape, mesh, where)
         placed.append(NamedSharding(mesh, spec, memory_kind=memory_kind))

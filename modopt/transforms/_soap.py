@@ -16,7 +16,7 @@ from .._base import AbstractTransform
 from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
 from .._moments import state_dtype_for, update_dtype, update_moment, widen
 from .._numerics import safe_increment
-from .._specs import OWNED, REPLICATED, padded
+from .._specs import OWNED, REPLICATED
 from ..sharding._owners import (
     LeafUnits,
     UnitMap,
@@ -354,8 +354,6 @@ class ScaleBySoap(AbstractTransform):
             for g, lay, flip in zip(grads, layouts, flips)
         ]
         specs = specs_of(params) if params is not None else [None] * len(grads)
-        if mesh is not None:
-            specs = [_spread(spec, u, mesh) for spec, u in zip(specs, units)]
         leaves = [
             None if kind is None else LeafUnits((g,), u, spec)
             for g, u, kind, spec in zip(grads, units, stacks.leaf_kinds, specs)
@@ -537,32 +535,6 @@ def _flipped(lay: _Layout) -> bool:
 def _unit_map(shape: tuple[int, ...], lay: _Layout, swap: bool) -> UnitMap:
     """A parameter of `shape` as one unit in the shape the rotations act on (`swap`: transposed)."""
     return whole_map(tuple(shape), lay.groups, _CHANNELS_FIRST if lay.permute else None)._replace(swap=swap)
-
-
-def _spread(spec: PartitionSpec | None, units: UnitMap, mesh: Any) -> PartitionSpec | None:
-    """`spec` with each mesh axis it leaves out added where it splits the parameter evenly and
-    keeps its unit's parts whole (`UnitMap.unit_axes`), on an unsplit dimension first.
-
-    Cutting a parameter along an axis it is replicated over moves no data; its units then move
-    to their owners in one all-to-all over every axis (from parts replicated over an axis, XLA
-    gathered whole stacks instead).
-    """
-    if spec is None:
-        return None
-    entries = [_names(e) for e in padded(spec, len(units.shape))]
-    for axis in mesh.axis_names:
-        if mesh.shape[axis] == 1 or any(axis in names for names in entries):
-            continue
-        ways = [math.prod(mesh.shape[a] for a in names) for names in entries]
-        for dim in sorted(
-            range(len(entries)), key=lambda d: (bool(entries[d]), -(units.shape[d] // ways[d]))
-        ):
-            trial = [(*names, axis) if d == dim else names for d, names in enumerate(entries)]
-            fits = units.shape[dim] % (ways[dim] * mesh.shape[axis]) == 0
-            if fits and units.unit_axes(_spec(trial), mesh) is not None:
-                entries = trial
-                break
-    return _spec(entries)
 
 
 def _names(entry: Any) -> tuple[str, ...]:

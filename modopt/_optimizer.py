@@ -164,7 +164,10 @@ class Optimizer(Module):
             )
         replicated = self.layout.replicated
         self.state = self.layout.init(self.tx, params)
-        self.tx = jax.device_put(self.tx, replicated, may_alias=False)
+        # A jitted copy, not `device_put`: that refuses a typed PRNG key (Kron's `key`) on a mesh
+        # that spans processes.
+        arrays, rest = eqx.partition(self.tx, eqx.is_array)
+        self.tx = eqx.combine(jax.jit(lambda a: a, out_shardings=replicated)(arrays), rest)
         self.count = jax.device_put(jnp.zeros([], jnp.int32), replicated)
         self.compensation = None
         if compensation is not None:  # created directly on its shardings, as the state

@@ -387,6 +387,12 @@ def given_gradients(step: int) -> dict[str, np.ndarray]:
     return {name: (rng.standard_normal(shape) / 4).astype(np.float32) for name, shape in SHAPES.items()}
 
 
+def key_data(tree):
+    """`tree` with typed PRNG keys (Kron's) as their key data."""
+    is_key = lambda x: isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key)  # noqa: E731
+    return jax.tree.map(lambda x: jax.random.key_data(x) if is_key(x) else x, tree)
+
+
 def owners() -> None:
     """Each matrix optimizer's step on the mesh spanning the processes equals it on one device,
     on the same gradients (from a sharded backward pass, SOAP's bases of rank-deficient statistics
@@ -400,7 +406,7 @@ def owners() -> None:
         one = (params, modopt.Optimizer(make(), params))
         for i in range(3):
             one = jax.jit(lambda p, o, g: o.step(p, g))(*one, jax.device_put(given_gradients(i), device))
-        expected = [np.asarray(x) for x in jax.tree.leaves(one)]
+        expected = [np.asarray(x) for x in jax.tree.leaves(key_data(one))]
         for zero in (False, True):
             params = run.params()
             sharded = (params, modopt.Optimizer(make(), params, shardings=run.shardings, zero_axis="data" if zero else None))
@@ -410,7 +416,7 @@ def owners() -> None:
                     for k, v in given_gradients(i).items()
                 }
                 sharded = jax.block_until_ready(step(*sharded, grads))
-            for i, (a, b) in enumerate(zip(gathered(sharded), expected)):
+            for i, (a, b) in enumerate(zip(gathered(key_data(sharded)), expected)):
                 # In units of the leaf's largest entry: a sum's rounding scales with what it adds.
                 scale = max(float(np.max(np.abs(b))), 1e-30) if b.size else 1.0
                 worst = float(np.max(np.abs(a.astype(np.float64) - b))) / scale if b.size else 0.0

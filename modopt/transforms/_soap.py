@@ -373,14 +373,15 @@ class ScaleBySoap(AbstractTransform):
                     _Layout(False, k.shape, tuple((a,) for a in range(len(k.shape))), k.rotated)
                     for k in kinds
                 ]
-                operands = [(g, *rows) for (g,), rows in zip(pieces, states)]
+                # Each unit with whether it is its parameter's transpose (see `_statistics`).
+                operands = [(g, *rows, turned) for (g, turned), rows in zip(pieces, states)]
 
             def steps(step):
                 def run(ops):
                     if mesh is None:
                         return [step(lay, *args) for lay, args in zip(lays, ops)]
                     return [
-                        per_unit(functools.partial(step, lay), len(args[0]), *args)
+                        per_unit(lambda *a, lay=lay: step(lay, *a[:-1], turned=a[-1]), len(args[0]), *args)
                         for lay, args in zip(lays, ops)
                     ]
 
@@ -395,7 +396,8 @@ class ScaleBySoap(AbstractTransform):
             return [(y,) for y, *_ in results], [tuple(rows) for _, *rows in results]
 
         per_stack = list(zip(state.mu, state.nu, state.statistics, state.eigenbases))
-        done, new_stacks = run_per_unit(work, stacks, leaves, per_stack, mesh)
+        turned = [None if kind is None else jnp.asarray([flip]) for kind, flip in zip(stacks.leaf_kinds, flips)]
+        done, new_stacks = run_per_unit(work, stacks, leaves, per_stack, mesh, extras=turned if mesh is not None else None)
         out_dtypes = [update_dtype(g.dtype, self.mu_dtype, self.nu_dtype) for g in grads]
         new_updates = [
             jnp.zeros(g.shape, dtype) if out is None else out[0].astype(dtype)
@@ -407,8 +409,23 @@ class ScaleBySoap(AbstractTransform):
     def _decay(self):
         return self.b2 if self.shampoo_beta is None else self.shampoo_beta
 
-    def _statistics(self, lay: _Layout, g, stats):
-        """The statistics' EMAs with the gradient `g`."""
+    def _statistics(self, lay: _Layout, g, stats, turned=None):
+        """The statistics' EMAs with the gradient `g`.
+
+        A unit that is its parameter's transpose (`turned`, on a mesh) gets its statistics
+        summed as its parameter's would be, the same numbers: where a statistic is rank
+        deficient (the larger one of every non-square matrix), its eigenbasis is arbitrary in
+        the null space, and sums in another order would pick another basis there, which later
+        steps carry to every entry."""
+        if turned is not None and len(lay.shape) == 2 and lay.shape[0] != lay.shape[1]:
+            own = _Layout(False, lay.shape[::-1], ((0,), (1,)), lay.rotated[::-1])
+
+            def as_its_parameter(g, stats):
+                # The transpose made an array of its own (a barrier): XLA would otherwise fold it
+                # into the products, which then sum in another order.
+                return self._statistics(own, jax.lax.optimization_barrier(g.T), stats[::-1])[::-1]
+
+            return jax.lax.cond(turned, as_its_parameter, lambda g, stats: self._statistics(lay, g, stats), g, stats)
         x = _to_layout(g, lay)
         new = []
         for i, (s, rotated) in enumerate(zip(stats, lay.rotated)):
@@ -421,13 +438,13 @@ class ScaleBySoap(AbstractTransform):
             new.append(update_moment(outer, s, self._decay(), 1))
         return tuple(new)
 
-    def _first_step(self, lay, g, mu, nu, stats, bases):
+    def _first_step(self, lay, g, mu, nu, stats, bases, *, turned=None):
         """Statistics from the first gradient, bases by eigendecomposition, a zero update."""
-        stats = self._statistics(lay, g, stats)
+        stats = self._statistics(lay, g, stats, turned)
         bases = tuple(None if s is None else _eigenvectors(s).astype(q.dtype) for s, q in zip(stats, bases))
         return [jnp.zeros(g.shape, update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)), mu, nu, stats, bases]
 
-    def _adam_step(self, lay, g, mu, nu, stats, bases, *, count, refresh):
+    def _adam_step(self, lay, g, mu, nu, stats, bases, *, count, refresh, turned=None):
         """Adam in the eigenbasis; the statistics' update; with `refresh`, the bases' one. The
         moments are read and updated at their accumulation precision (`widen`) and returned in
         their stored dtypes, the update in `update_dtype`."""
@@ -442,7 +459,7 @@ class ScaleBySoap(AbstractTransform):
         if self.correct_bias:
             t = count.astype(jnp.float32)
             direction = direction * (jnp.sqrt(1 - self.b2**t) / (1 - self.b1**t)).astype(direction.dtype)
-        stats = self._statistics(lay, g, stats)
+        stats = self._statistics(lay, g, stats, turned)
         if refresh and any(lay.rotated):
             old = bases
             bases, nu = _power_qr(stats, bases, nu, lay)

@@ -322,7 +322,7 @@ class Optimizer(Module):
         if layout is not None and jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(self.state):
             # The parts added (step counts) are replicated; the rest keeps its shardings.
             devices = set(layout.mesh.devices.flat)
-            on_mesh = lambda x: x.sharding.device_set == devices  # noqa: E731
+            on_mesh = lambda x: isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.device_set == devices  # noqa: E731
             state = jax.tree_util.tree_map(lambda x: x if on_mesh(x) else jax.device_put(x, layout.replicated), state)
             layout = Layout(layout.mesh, layout.params, jax.tree_util.tree_map(lambda x: x.sharding, state))
         return self._replace(tx=tx, state=state, layout=layout)

@@ -43,11 +43,13 @@ _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 class Collective:
     """One collective of a compiled program.
 
-    kind: "all-gather", "all-to-all", "reduce-scatter", "all-reduce" or "collective-permute".
-    received_bytes: the bytes each device receives each time it runs.
-    executions: how many times it runs per step (loop trip counts multiplied), on the plain path.
-    group_size: the number of devices in each of its groups.
-    computation: the name of the HLO computation holding it.
+    Args:
+        kind: "all-gather", "all-to-all", "reduce-scatter", "all-reduce" or "collective-permute".
+        received_bytes: the bytes each device receives each time it runs.
+        executions: how many times it runs per step (loop trip counts multiplied), on the plain
+            path.
+        group_size: the number of devices in each of its groups.
+        computation: the name of the HLO computation holding it.
     """
 
     kind: str
@@ -59,16 +61,17 @@ class Collective:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledCost:
-    """What one run of a compiled program costs each device.
+    """What one run of a compiled program costs each device (made by `compiled_cost`).
 
-    received_bytes: bytes each device receives through collectives, taking the cheapest branch
-        of every conditional (a plain step).
-    received_bytes_costliest: the same, taking the costliest branch (a refresh step).
-    flops: XLA's estimate of the floating-point operations each device runs (its cost analysis:
-        loop bodies counted once, whatever their trip count).
-    collectives: every collective on the plain path.
-    unknown_trip_counts: loops holding collectives whose trip count XLA does not know (each
-        counted once).
+    Args:
+        received_bytes: bytes each device receives through collectives, taking the cheapest
+            branch of every conditional (a plain step).
+        received_bytes_costliest: the same, taking the costliest branch (a refresh step).
+        flops: XLA's estimate of the floating-point operations each device runs (its cost
+            analysis: loop bodies counted once, whatever their trip count).
+        collectives: every collective on the plain path.
+        unknown_trip_counts: loops holding collectives whose trip count XLA does not know (each
+            counted once).
     """
 
     received_bytes: float

@@ -63,6 +63,10 @@ def owner_mesh(mesh: Any, placed: Iterable[tuple[Any, PartitionSpec]] = ()) -> I
     `placed` pairs arrays being traced (parameters, state leaves) with their `PartitionSpec`s,
     so that a transform can say how its inputs are laid out (`spec_of`). `modopt.Optimizer.step`
     enters it with its shardings; outside it, the mesh set with `jax.set_mesh` is used, if any.
+
+    Args:
+        mesh: the mesh the owners are on; `None` for no owners (every device does its own work).
+        placed: `(array, PartitionSpec)` pairs of the arrays being traced.
     """
     pairs = [(x, s) for x, s in placed if isinstance(s, PartitionSpec)]
     token = _CONTEXT.set(_Context(mesh, {id(x): s for x, s in pairs}, [x for x, _ in pairs]))
@@ -105,7 +109,11 @@ def current_mesh() -> Any:
 
 
 def spec_of(x: Any) -> PartitionSpec | None:
-    """The `PartitionSpec` of an array being traced in an `owner_mesh` context, if it says."""
+    """The `PartitionSpec` of an array being traced in an `owner_mesh` context, if it says.
+
+    Args:
+        x: an array (a tracer) given to `owner_mesh` in its `placed` pairs.
+    """
     context = _CONTEXT.get()
     return None if context is None else context.specs.get(id(x))
 
@@ -145,7 +153,12 @@ def _spec(axes: Sequence[str]) -> PartitionSpec:
 
 
 def owner_spec(count: int, mesh: Any) -> PartitionSpec:
-    """The `PartitionSpec` of a stored stack of `count` units on `mesh` (see `owner_axes`)."""
+    """The `PartitionSpec` of a stored stack of `count` units on `mesh` (see `owner_axes`).
+
+    Args:
+        count: the length of the stack (its leading axis).
+        mesh: the mesh the stack is stored on.
+    """
     return _spec(owner_axes(count, mesh))
 
 

@@ -245,6 +245,22 @@ def _one_device(name: str, layers: int, width: int, vocab: int) -> tuple:
     return single, compiled, modopt.sharding.compiled_cost(compiled).flops
 
 
+def _check_gradients(shapes: dict, steps: int) -> list:
+    return [make_params(shapes, jax.random.key(100 + i)) for i in range(steps)]
+
+
+@functools.lru_cache(maxsize=None)
+def _one_device_steps(name: str, layers: int, width: int, vocab: int, steps: int) -> tuple:
+    """The parameters and state after `steps` one-device steps on `_check_gradients` (the same
+    for every layout)."""
+    single, compiled, _ = _one_device(name, layers, width, vocab)
+    shapes = model_shapes(layers, width, vocab)
+    one = (make_params(shapes, jax.random.key(0)), single)
+    for g in _check_gradients(shapes, steps):
+        one = compiled(*one, g)
+    return one[0], one[1].state
+
+
 def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, check_steps: int = 0) -> dict:
     """One optimizer on one layout: the row of the table (see the module's docstring). With
     `check_steps`, the sharded optimizer step also runs that many times beside the one-device
@@ -259,7 +275,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
     param_bytes = sum(x.size * 4 for x in jax.tree_util.tree_leaves(host_params))
     unit = param_bytes / DEVICES
 
-    single, single_compiled, single_flops = _one_device(name, size["layers"], size["width"], size["vocab"])
+    single_flops = _one_device(name, size["layers"], size["width"], size["vocab"])[2]
 
     params = jax.device_put(host_params, shardings)
     grads = jax.device_put(jax.tree_util.tree_map(lambda x: 0.01 * x, host_params), shardings)
@@ -283,16 +299,12 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
         "unknown trip counts": cost.unknown_trip_counts,
     }
     if check_steps:
-        one = (host_params, single)
         sharded = (jax.device_put(host_params, shardings), modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis))
-        for i in range(check_steps):
-            g = make_params(shapes, jax.random.key(100 + i))
-            one = single_compiled(*one, g)
+        for g in _check_gradients(shapes, check_steps):
             sharded = compiled(*sharded, jax.device_put(g, shardings))
             jax.block_until_ready(sharded)  # queued sharded steps can deadlock XLA's CPU collectives
-        row["difference from one device"] = _relative_difference(
-            (sharded[0], sharded[1].state), (one[0], one[1].state)
-        )
+        one = _one_device_steps(name, size["layers"], size["width"], size["vocab"], check_steps)
+        row["difference from one device"] = _relative_difference((sharded[0], sharded[1].state), one)
     if time_steps:
         row["optimizer step seconds"] = timed(compiled, (params, optimizer, grads), size["repeats"])
         params = jax.device_put(host_params, shardings)

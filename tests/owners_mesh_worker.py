@@ -1,16 +1,17 @@
 """The matrix optimizers on 8 simulated devices: communication, repeated work, state, numbers.
 
 Run by `test_owners_mesh.py` in a subprocess (the device count is set before jax is imported):
-`python owners_mesh_worker.py NAME [NAME ...]`. For each optimizer and each layout of
-`benchmarks/pod.py` (FSDP on a mesh of 8; tensor parallelism with ZeRO-1 on 2 x 4), it compiles
-the optimizer step of the benchmark's transformer (at its smoke size), reads what the compiled
-program costs each device, and runs 2 steps beside the one-device step on the same gradients.
+`python owners_mesh_worker.py [--alone NAME,...] NAME [NAME ...]`. For each optimizer and each
+layout of `benchmarks/pod.py`, it compiles the optimizer step of the benchmark's transformer (at
+its smoke size), reads what the compiled program costs each device, and runs 2 steps beside the
+one-device step on the same gradients.
 Prints the benchmark's goals (`goals {json}`), one line per optimizer and layout
 (`row {json}`) and one per optimizer stepped on its own (`alone {json}`), for the test.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,6 +21,8 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_opti
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import pod  # noqa: E402 (sets the device count before jax is imported)
+
+STEPS = 2
 
 
 def on_its_own(name: str) -> float:
@@ -43,26 +46,30 @@ def on_its_own(name: str) -> float:
         updates, state = tx.update(grads, state, params)
         return modopt.apply_updates(params, updates), state
 
-    one = (host, tx.init(host))
     with jax.set_mesh(mesh):
         sharded = (jax.device_put(host, shardings), jax.jit(tx.init)(jax.device_put(host, shardings)))
-        for i in range(2):
-            grads = pod.make_params(shapes, jax.random.key(100 + i))
-            one = jax.jit(step)(*one, grads)
+        for grads in pod._check_gradients(shapes, STEPS):
             sharded = jax.block_until_ready(jax.jit(step)(*sharded, jax.device_put(grads, shardings)))
+    # The `Optimizer`'s one-device steps (its state is the transform's).
+    one = pod._one_device_steps(name, size["layers"], size["width"], size["vocab"], STEPS)
     return pod._relative_difference(sharded, one)
 
 
-def main(names: list[str]) -> None:
+def main(names: list[str], alone: list[str], layouts: list[str]) -> None:
     size = pod.SIZES["smoke"]
     print(f"goals {json.dumps(pod.GOALS)}", flush=True)
     for name in names:
-        for layout in pod.layouts():
-            row = pod.measure(name, layout, size, time_steps=False, check_steps=2)
+        for layout in layouts:
+            row = pod.measure(name, layout, size, time_steps=False, check_steps=STEPS)
             print(f"row {json.dumps({'name': name, 'layout': layout, 'row': row})}", flush=True)
-        if name != "adamw":
+        if name in alone:
             print(f"alone {json.dumps({'name': name, 'difference': on_its_own(name)})}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--alone", default="", help="comma-separated: the optimizers also stepped on their own")
+    parser.add_argument("--layouts", default=",".join(pod.layouts()), help="comma-separated layouts of benchmarks/pod.py")
+    args = parser.parse_args()
+    main(args.names, args.alone.split(","), args.layouts.split(","))

@@ -42,6 +42,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -245,6 +246,12 @@ def _one_device(name: str, layers: int, width: int, vocab: int) -> tuple:
     return single, compiled, modopt.sharding.compiled_cost(compiled).flops
 
 
+def _put(tree, shardings):
+    """A copy of `tree` on `shardings` that a donating step may consume: `device_put` reuses the
+    buffer for a replicated leaf's first device even with `may_alias=False`."""
+    return jax.device_put(jax.tree_util.tree_map(jnp.copy, tree), shardings)
+
+
 def _check_gradients(shapes: dict, steps: int) -> list:
     return [make_params(shapes, jax.random.key(100 + i)) for i in range(steps)]
 
@@ -277,7 +284,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
 
     single_flops = _one_device(name, size["layers"], size["width"], size["vocab"])[2]
 
-    params = jax.device_put(host_params, shardings)
+    params = _put(host_params, shardings)
     grads = jax.device_put(jax.tree_util.tree_map(lambda x: 0.01 * x, host_params), shardings)
     optimizer = modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis)
     placed = modopt.sharding.shardings(optimizer, shardings, zero_axis=zero_axis)
@@ -299,7 +306,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
         "unknown trip counts": cost.unknown_trip_counts,
     }
     if check_steps:
-        sharded = (jax.device_put(host_params, shardings), modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis))
+        sharded = (_put(host_params, shardings), modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis))
         for g in _check_gradients(shapes, check_steps):
             sharded = compiled(*sharded, jax.device_put(g, shardings))
             jax.block_until_ready(sharded)  # queued sharded steps can deadlock XLA's CPU collectives
@@ -307,7 +314,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
         row["difference from one device"] = _relative_difference((sharded[0], sharded[1].state), one)
     if time_steps:
         row["optimizer step seconds"] = timed(compiled, (params, optimizer, grads), size["repeats"])
-        params = jax.device_put(host_params, shardings)
+        params = _put(host_params, shardings)
         optimizer = modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis)
         tokens = jax.device_put(
             jax.random.randint(jax.random.key(1), (size["batch"], size["context"] + 1), 0, size["vocab"]),
@@ -329,7 +336,10 @@ def main(argv=None) -> dict:
     results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {DEVICES} simulated CPU devices", "size": size, "layouts": {}}
     lines = [f"modopt matrix optimizers on {DEVICES} devices ({results['machine']}; jax {jax.__version__})", ""]
     for layout in layouts():
-        rows = {name: measure(name, layout, size) for name in args.optimizers}
+        rows = {}
+        for name in args.optimizers:
+            rows[name] = measure(name, layout, size)
+            print(f"{layout} {name}: {json.dumps(rows[name])}", file=sys.stderr, flush=True)
         results["layouts"][layout] = rows
         base = rows.get("adamw")
         lines.append(f"{layout}: communication in units of P/N; ratios per device; times against AdamW's (CPU)")
@@ -344,6 +354,12 @@ def main(argv=None) -> dict:
                 f"{row['compile seconds']:7.1f}s"
             )
         lines.append("")
+    lines.append(
+        f"Goals: communication amortized at most {GOALS['communication']['fsdp']['muon']} (Muon family) and "
+        f"{GOALS['communication']['fsdp']['shampoo']} (Shampoo, SOAP, Kron) under FSDP, one more under TP+ZeRO-1, "
+        f"at most {GOALS['refresh']} on a refresh; work at most {GOALS['repeated work']}; state at most {GOALS['state']}."
+    )
+    lines.append("Kron refreshes with a probability annealed from 1: amortized here over a period of 1 (its first steps).")
     text = "\n".join(lines)
     print(text)
     if out:

@@ -107,35 +107,47 @@ class InterruptFlag:
     Arguments:
         on_second: called on the second SIGINT; the default writes one line to stderr and ends
             the process at once with exit status 130 (nothing more is saved).
+        terminate: SIGTERM (how cloud TPU and GPU schedulers preempt a job) sets the flag too,
+            once; `signal_number` then says which came first.
 
-    The previous handler is restored on exit. Python handles signals only in the main thread;
+    The previous handlers are restored on exit. Python handles signals only in the main thread;
     used from another thread, or where SIGINT is ignored, the flag is inactive and never set.
     """
 
-    def __init__(self, on_second: Callable[[], Any] = _abort):
+    def __init__(self, on_second: Callable[[], Any] = _abort, *, terminate: bool = False):
         self.on_second = on_second
         self.requested = False
-        self._previous: Any = None
+        self.signal_number: int | None = None
+        self._signals = (signal.SIGINT, signal.SIGTERM) if terminate else (signal.SIGINT,)
+        self._previous: dict[int, Any] = {}
         self._installed = False
+
+    @property
+    def exit_status(self) -> int:
+        """128 plus the number of the signal that set the flag (130 for SIGINT, 143 for SIGTERM)."""
+        return 128 + (self.signal_number or signal.SIGINT)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
-            self.on_second()
-        self.requested = True
+            if signum == signal.SIGINT:
+                self.on_second()
+            return
+        self.requested, self.signal_number = True, signum
 
     def __enter__(self) -> InterruptFlag:
-        self.requested = False
+        self.requested, self.signal_number = False, None
         # A SIGINT ignored by whoever started the program (a background job of a shell) stays
         # ignored, as Python itself does at start-up.
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {number: signal.signal(number, self._handle) for number in self._signals}
             self._installed = True
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         if self._installed:
             # `None` means a handler installed from outside Python: the default is the closest.
-            signal.signal(signal.SIGINT, signal.SIG_DFL if self._previous is None else self._previous)
+            for number, previous in self._previous.items():
+                signal.signal(number, signal.SIG_DFL if previous is None else previous)
             self._installed = False
 
 

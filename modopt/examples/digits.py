@@ -37,13 +37,13 @@ from jax.experimental import multihost_utils
 import modopt
 from modopt.examples import _processes
 from modopt.examples._interrupts import EXIT_INTERRUPTED, InterruptFlag, exit_with, interrupt_point, report
+from modopt.examples._runs import EXIT_SETTINGS, Stop, check_settings, copied, positive_int
 
 BATCH_SIZE = 64
 MIN_ACCURACY = 0.90
 PLOT = "training_curves.png"
 # What is recorded per epoch: saved with every checkpoint, printed, and plotted.
 SERIES = ("train_loss", "learning_rate", "test_accuracy")
-EXIT_SETTINGS = 2  # the checkpoint directory holds another run
 
 
 def load_data(seed: int):
@@ -84,13 +84,6 @@ def accuracy(model, x, y):
     return jnp.mean(predictions == y)
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m modopt.examples.digits",
@@ -124,14 +117,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class _Stop(Exception):
-    """Ends the job early with a message on stderr and an exit status (no traceback)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.message, self.status = message, status
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.processes > 1 and args.process_id is None:  # start them here, each a process of one run
@@ -143,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     with InterruptFlag() as interrupt, _processes.quiet_unless_first(args.process_id or 0):
         try:
             return _job(args, _processes.agreed(interrupt))  # all processes stop at the same step
-        except _Stop as stop:
+        except Stop as stop:
             report(stop.message)
             return stop.status
 
@@ -169,7 +154,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
                     if latest is None
                     else f"nothing was trained; {again} resumes from the checkpoint at step {latest}"
                 )
-                raise _Stop(f"interrupted during set-up: {kept}.", EXIT_INTERRUPTED)
+                raise Stop(f"interrupted during set-up: {kept}.", EXIT_INTERRUPTED)
 
         if latest is not None:
             _check_settings(checkpoints, settings, CheckpointError)
@@ -193,7 +178,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
             try:
                 restored = checkpoints.restore(model=model, optimizer=optimizer, run=run)
             except CheckpointError as error:
-                raise _Stop(
+                raise Stop(
                     f"{directory} holds a checkpoint that cannot be resumed: {error} "
                     "Use --fresh to start over there, or another --checkpoint-dir.",
                     EXIT_SETTINGS,
@@ -225,7 +210,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
             """Saves the steps since the last save, says where the run stands, and exits 130."""
             if step > saved:
                 run = {"step": step, "history": history, "epoch_losses": epoch_losses}
-                checkpoints.save(step, model=model, optimizer=optimizer, settings=settings, run=_copy(run))
+                checkpoints.save(step, model=model, optimizer=optimizer, settings=settings, run=copied(run))
                 checkpoints.wait_until_finished()
                 message = f"interrupted {_where(step, steps_per_epoch)}: checkpoint saved; {again} resumes from there."
             elif step:
@@ -268,7 +253,7 @@ def _job(args: argparse.Namespace, interrupt: InterruptFlag) -> int:
                 history["test_accuracy"][epoch - 1] = float(accuracy(model, x_test, y_test))
                 epoch_losses[:] = np.nan
                 run = {"step": step, "history": history, "epoch_losses": epoch_losses}
-                checkpoints.save(step, model=model, optimizer=optimizer, settings=settings, run=_copy(run))  # in the background
+                checkpoints.save(step, model=model, optimizer=optimizer, settings=settings, run=copied(run))  # in the background
                 saved = step
                 if jax.process_index() == 0:
                     plot_history(history, os.path.join(directory, PLOT))
@@ -305,16 +290,8 @@ def _model_and_optimizer(seed: int, total_steps: int) -> tuple[eqx.nn.MLP, modop
 
 
 def _check_settings(checkpoints, settings: dict, checkpoint_error: type[Exception]) -> None:
-    """Refuses a directory that holds a run with other settings (or one this job cannot read)."""
-    remedy = "use --fresh to start over there, or another --checkpoint-dir."
-    try:
-        saved = checkpoints.restore(settings=settings)["settings"]
-    except checkpoint_error as error:
-        raise _Stop(f"{checkpoints.directory} holds a checkpoint of another kind ({error}); {remedy}", EXIT_SETTINGS) from None
     names = {"epochs": "--epochs", "seed": "--seed", "batch_size": "batch size"}
-    differ = [f"{names[name]} {saved[name]} there, {value} now" for name, value in settings.items() if saved[name] != value]
-    if differ:
-        raise _Stop(f"{checkpoints.directory} holds a run with other settings ({'; '.join(differ)}); {remedy}", EXIT_SETTINGS)
+    check_settings(checkpoints, settings, names, checkpoint_error)
 
 
 def new_run(epochs: int, steps_per_epoch: int) -> dict:
@@ -325,11 +302,6 @@ def new_run(epochs: int, steps_per_epoch: int) -> dict:
         "history": {name: np.full(epochs, np.nan, np.float32) for name in SERIES},
         "epoch_losses": np.full(steps_per_epoch, np.nan, np.float32),
     }
-
-
-def _copy(run: dict) -> dict:
-    # Saves are written in the background: give them arrays that the loop will not change.
-    return jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, run)
 
 
 def _order(seed: int, epoch: int, n: int) -> np.ndarray:

@@ -52,6 +52,16 @@ def saved(directory, *extra):
     return arrays, jax.tree.map(np.asarray, restored["run"])
 
 
+def assert_same_run(ours, reference):
+    """The same validation losses and weights within float32 rounding of another summation order
+    (sharded matrix products, the gradient's sum over devices): over 8 steps of AdamW at
+    learning rates <= 3e-3 they move by ~1e-7."""
+    (weights, run), (reference_weights, reference_run) = saved(ours), saved(reference)
+    np.testing.assert_allclose(run["history"]["validation_loss"], reference_run["history"]["validation_loss"], rtol=1e-5)
+    for a, b in zip(weights, reference_weights):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     directory = tmp_path_factory.mktemp("lm") / "straight"
@@ -75,19 +85,13 @@ def test_one_device_run_trains_records_and_plots(straight):
 def test_a_mesh_gives_the_one_device_run(straight, tmp_path, layout):
     status, out, err = start(tmp_path / "mesh", *layout)
     assert status == 0, f"{out}\n{err}"
-    (one, one_run), (ours, our_run) = saved(straight[0]), saved(tmp_path / "mesh")
-    np.testing.assert_allclose(our_run["history"]["validation_loss"], one_run["history"]["validation_loss"], rtol=1e-5)
-    for a, b in zip(ours, one):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    assert_same_run(tmp_path / "mesh", straight[0])
 
 
 def test_two_processes_give_the_one_device_run(straight, tmp_path):
     status, out, err = start(tmp_path / "two", "--processes", "2", "--mesh", "2x2", "--zero")
     assert status == 0, f"{out}\n{err}"
-    (one, one_run), (ours, our_run) = saved(straight[0]), saved(tmp_path / "two")
-    np.testing.assert_allclose(our_run["history"]["validation_loss"], one_run["history"]["validation_loss"], rtol=1e-5)
-    for a, b in zip(ours, one):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    assert_same_run(tmp_path / "two", straight[0])
 
 
 def test_sigint_mid_run_saves_and_the_rerun_ends_bit_for_bit(straight, tmp_path):

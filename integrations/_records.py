@@ -10,6 +10,11 @@ paths. Each leaf gets a JSON-able record saying how it is stored:
 - `key`: a typed PRNG key, written as its `uint32` key data, with the key implementation;
 - `empty`: an array with no elements (Orbax rejects those): only its shape and dtype;
 - `value`: a Python bool, int (of any size), float or string, kept in the JSON record itself;
+- the two arrays of a `modopt.QuantizedArray` (8-bit codes and their scales) also record the
+  layout that gives the codes their meaning: `block_size`, `quantization` (the tables) and the
+  dtype they dequantize to. Restoring into a `QuantizedArray` laid out otherwise is refused:
+  read with other tables or blocks, the same codes are other numbers. (A checkpoint written
+  before the layout was recorded restores as the target reads it.)
 - `static`: code (a function, a class, any other object) in a field of an object (an Equinox
   module's activation function): not written; restore takes it from the target, as Equinox's
   own serialisation does. `unsavable` finds such objects outside any object's field (in a
@@ -45,6 +50,7 @@ from modopt._base import AbstractTransform
 from modopt._hyperparameters import _hyperparameter_index, _state_index
 from modopt._module import Constant
 from modopt._optimizer import Optimizer
+from modopt._quantization import QuantizedArray
 
 
 def is_constant(x: Any) -> bool:
@@ -71,6 +77,7 @@ class Leaf:
     value: Any = None  # for values
     checksum: str = ""  # for arrays and keys, once computed
     data: Any = None  # the array to write (not in the record)
+    quantized: dict | None = None  # for the arrays of a `QuantizedArray`: its layout (see the module)
 
     def record(self) -> dict:
         record = {"path": self.path, "kind": self.kind}
@@ -82,6 +89,8 @@ class Leaf:
             record["value"] = self.value
         if self.checksum:
             record["checksum"] = self.checksum
+        if self.quantized is not None:
+            record["quantized"] = dict(self.quantized)
         return record
 
     def describe(self) -> str:
@@ -89,13 +98,28 @@ class Leaf:
             return "code or another object that is not saved"
         if self.kind == "value":
             return f"the value {self.value!r}"
-        return f"{'a PRNG key' if self.kind == 'key' else 'an array'} of shape {tuple(self.shape)} and dtype {self.dtype}"
+        described = f"{'a PRNG key' if self.kind == 'key' else 'an array'} of shape {tuple(self.shape)} and dtype {self.dtype}"
+        if self.quantized is not None:
+            q = self.quantized
+            described += (
+                f" (of 8-bit state: blocks of {q.get('block_size')}, {q.get('quantization')!r} tables, "
+                f"dequantized to {q.get('dtype')})"
+            )
+        return described
 
 
 def leaves_of(item: Any) -> list[Leaf]:
-    """The records of `item`'s leaves, with the arrays to write."""
-    flat = jax.tree_util.tree_flatten_with_path(item, is_leaf=is_constant)[0]
-    return [_leaf(jax.tree_util.keystr(path), leaf) for path, leaf in flat]
+    """The records of `item`'s leaves, with the arrays to write (in the order of its leaves)."""
+    found = []
+    is_quantized = lambda x: isinstance(x, QuantizedArray)  # noqa: E731
+    for path, node in jax.tree_util.tree_flatten_with_path(item, is_leaf=lambda x: is_constant(x) or is_quantized(x))[0]:
+        if not is_quantized(node):
+            found.append(_leaf(jax.tree_util.keystr(path), node))
+            continue
+        layout = {"block_size": node.block_size, "quantization": node.quantization, "dtype": np.dtype(node.dtype).name}
+        for inner, leaf in jax.tree_util.tree_flatten_with_path(node)[0]:
+            found.append(dataclasses.replace(_leaf(jax.tree_util.keystr(path + inner), leaf), quantized=layout))
+    return found
 
 
 def _leaf(path: str, x: Any) -> Leaf:
@@ -159,6 +183,7 @@ def from_record(record: dict) -> Leaf:
         record.get("impl", ""),
         record.get("value"),
         record.get("checksum", ""),
+        quantized=record.get("quantized"),
     )
 
 
@@ -186,6 +211,9 @@ def number_kind(leaf: Leaf) -> str | None:
 
 
 def _agree(saved: Leaf, target: Leaf) -> bool:
+    # 8-bit codes mean nothing with other tables or blocks (a record without a layout is older).
+    if saved.quantized is not None and saved.quantized != target.quantized:
+        return False
     if _signature(saved) == _signature(target):
         return True
     # A checkpoint written before strings were saved has them as `static`: the target's stays.

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ._trees import is_none
+from ._fields import as_key
 from ._module import Module
 
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -87,6 +88,7 @@ def _leaf_keys(key: jax.Array, count: int) -> list[jax.Array]:
 
 def apply_updates_stochastic(params: Any, updates: Any, key: jax.Array) -> Any:
     """`apply_updates` rounding each bfloat16 and float16 sum stochastically (see `apply_updates`)."""
+    key = as_key(key, "key", "apply_updates", seeds=False)
     leaves, treedef = jax.tree_util.tree_flatten(params, is_leaf=is_none)
     update_leaves = treedef.flatten_up_to(updates)
     keys = iter(_leaf_keys(key, sum(map(is_low_precision, leaves))))
@@ -261,7 +263,7 @@ def make_compensation(kind: str | None, params: Any, key: Any, where: str) -> Ab
                 f"{where}: compensation='stochastic_rounding' needs a PRNG key for its rounding, e.g. "
                 "`key=jax.random.key(0)`."
             )
-        return StochasticRounding(jnp.copy(key))
+        return StochasticRounding(jnp.copy(as_key(key, "key", where, seeds=False)))
     if key is not None:
         raise ValueError(
             f"{where}: `key` is the PRNG key of compensation='stochastic_rounding'; it is unused with {kind!r}."

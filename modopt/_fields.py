@@ -16,6 +16,7 @@ kinds of field exist:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, Union
 
@@ -38,6 +39,7 @@ _OPTIONAL = "modopt_optional"  # metadata key: `None` (switching the feature off
 _KIND = "modopt_kind"  # metadata key: what a hyperparameter accepts (see `_KINDS`)
 _NDIM = "modopt_ndim"  # metadata key: the number of dimensions of its value (0: a scalar)
 _DTYPE = "modopt_dtype"  # metadata key: a dtype field; the value says what it sets ("state", "hyperparameters")
+_PRNG_KEY = "modopt_prng_key"  # metadata key: a PRNG-key field (`prng_key`)
 _IDENTITY = "modopt_identity"  # metadata key: the value at which the field does nothing (a `Constant`)
 _KINDS = {
     "number": "a number",
@@ -315,24 +317,70 @@ def choice(default: Any, options: tuple[Any, ...], **kwargs: Any):
     return static(default, metadata=metadata, **kwargs)
 
 
-def as_key(value: Any) -> jax.Array:
-    """A typed PRNG key from a seed (int), a typed key, or raw `uint32` key data."""
+def as_key(value: Any, name: str = "key", where: str | None = None, *, seeds: bool = True) -> jax.Array:
+    """A typed PRNG key from a typed key, its raw `uint32` key data, or (with `seeds`) an integer seed.
+
+    Raises `TypeError` naming the argument (`name`, and `where` it was given) for anything
+    else: a float, a bool, `None`, signed or floating key data, key data of another shape than
+    the default implementation's, several keys where one is expected.
+
+    Args:
+        value: the key, its key data, or a seed.
+        name: the argument's name, for the error.
+        where: the function or class it was given to, for the error.
+        seeds: whether an integer seed is accepted (transforms' `key` fields, as optax's);
+            `Optimizer(key=...)` and `apply_updates(key=...)` take a key.
+    """
+    if (problem := _key_problem(value, seeds)) is not None:
+        seed = ", or an integer seed" if seeds else ""
+        raise TypeError(
+            f"Invalid {name}: {f'keys of shape {tuple(value.shape)}' if _is_key(value) else _shown(value)} ({problem})"
+            f"{f' in {where}' if where else ''}. Expected a PRNG key (`jax.random.key(seed)`), its raw key data "
+            f"(uint32, shape {_raw_key_shape()}){seed}."
+        )
+    if _is_key(value):
+        return value
+    if isinstance(value, (jax.Array, np.ndarray)) and jnp.issubdtype(value.dtype, jnp.unsignedinteger):
+        return jax.random.wrap_key_data(jnp.asarray(value, jnp.uint32))
+    # A seed, traced too (optax's `inject_hyperparams(noisy_sgd)(key=0)` holds it in the state).
+    return jax.random.key(value if isinstance(value, jax.Array) else int(value))
+
+
+@functools.cache
+def _raw_key_shape() -> tuple[int, ...]:
+    """The shape of one key's raw data under the default PRNG implementation ((2,) for threefry)."""
+    return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)
+
+
+def _key_problem(value: Any, seeds: bool) -> str | None:
+    """Why `value` is no PRNG key (nor, with `seeds`, an integer seed), in words; `None` if it is one."""
     if isinstance(value, (bool, np.bool_)) or value is None:
-        raise TypeError(f"Expected a PRNG key or an integer seed, got {value!r}.")
+        return f"a {type(value).__name__}, not a key"
     if isinstance(value, (int, np.integer)):
-        return jax.random.key(int(value))
-    if isinstance(value, (jax.Array, np.ndarray)):
-        if jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
-            return value
-        if jnp.issubdtype(value.dtype, jnp.unsignedinteger):
-            return jax.random.wrap_key_data(jnp.asarray(value, jnp.uint32))
-        if value.ndim == 0 and jnp.issubdtype(value.dtype, jnp.integer):
-            # A traced seed too (optax's `inject_hyperparams(noisy_sgd)(key=0)` holds it in the state).
-            return jax.random.key(value)
-    raise TypeError(
-        f"Expected a PRNG key (`jax.random.key(seed)`) or an integer seed, got {type(value).__name__} "
-        f"{getattr(value, 'dtype', '')}."
-    )
+        if not seeds:
+            return "an integer, not a key: make one with `jax.random.key(seed)`"
+        return None if -(2**63) <= int(value) < 2**63 else "a seed beyond 64 bits"
+    if not isinstance(value, (jax.Array, np.ndarray)):
+        return f"of type {type(value).__name__}"
+    shape = tuple(value.shape)
+    if _is_key(value):
+        return None if shape == () else f"{shape[0] if len(shape) == 1 else shape} keys, not one"
+    if jnp.issubdtype(value.dtype, jnp.unsignedinteger):
+        if value.dtype != np.uint32:
+            return f"key data of dtype {value.dtype}, not uint32"
+        return None if shape == _raw_key_shape() else f"key data of shape {shape}, not {_raw_key_shape()}"
+    if jnp.issubdtype(value.dtype, jnp.integer) and shape == ():
+        return None if seeds else "an integer, not a key: make one with `jax.random.key(seed)`"
+    return f"an array of dtype {value.dtype} and shape {shape}"
+
+
+def _key_or_same(value: Any) -> Any:
+    """The converter of a `prng_key` field: the typed key, or `value` as it is when it is none
+    (`validate_hyperparameters` then refuses it, naming the field)."""
+    try:
+        return as_key(value)
+    except TypeError:
+        return value
 
 
 def prng_key(default: Any = dataclasses.MISSING, **kwargs: Any):
@@ -345,7 +393,9 @@ def prng_key(default: Any = dataclasses.MISSING, **kwargs: Any):
         default: the field's default key or seed; leave it out for a required field.
         **kwargs: passed to `equinox.field` (`kw_only=True`, `metadata`...).
     """
-    return eqx.field(default=default, converter=as_key, **kwargs)
+    metadata = dict(kwargs.pop("metadata", {}))
+    metadata[_PRNG_KEY] = True
+    return eqx.field(default=default, converter=_key_or_same, metadata=metadata, **kwargs)
 
 
 def is_concrete(value: Any) -> bool:
@@ -407,6 +457,8 @@ def validate_hyperparameters(module: eqx.Module) -> None:
     skipped.
     """
     for f in dataclasses.fields(module):
+        if f.metadata.get(_PRNG_KEY):
+            as_key(getattr(module, f.name), f.name, type(module).__name__)  # raises naming the field
         if _DTYPE in f.metadata and (violation := _dtype_violation(getattr(module, f.name))):
             raise ValueError(
                 f"Invalid {f.name}: {violation} (must be a floating dtype such as jnp.float32 or jnp.bfloat16 "

@@ -95,7 +95,8 @@ class Optimizer(Module):
             (rounded to nearest, as `apply_updates`), `"kahan"` or `"stochastic_rounding"`
             (see above).
         key: the PRNG key of `compensation="stochastic_rounding"` (required with it, refused
-            otherwise).
+            otherwise): a typed key (`jax.random.key(seed)`) or its raw `uint32` key data. Any
+            other value, an integer seed included, is refused here, naming `key`.
         state_memory_kind: where the state is kept between steps: `None` for the accelerator's
             memory, or `"pinned_host"`.
 

@@ -135,8 +135,26 @@ class QuantizedArray(Module):
         return tuple(self.codes.shape)
 
     def dequantize(self) -> jax.Array:
-        """The array stored: each element's table value times its block's scale."""
-        return _dequantize(self.codes, self.scales, self.block_size, self.quantization, self.dtype)
+        """The array stored: each element's table value times its block's scale.
+
+        An array kept in host memory (an optimizer made with `state_memory_kind="pinned_host"`)
+        is read on its devices: the result is in their own memory, the `QuantizedArray` stays
+        where it is.
+        """
+        codes, scales = _in_device_memory(self.codes), _in_device_memory(self.scales)
+        return _dequantize(codes, scales, self.block_size, self.quantization, self.dtype)
+
+
+def _in_device_memory(x: jax.Array) -> jax.Array:
+    """`x`, or a copy of it in its devices' own memory where it is kept in host memory
+    (XLA computes on device memory only)."""
+    if isinstance(x, jax.core.Tracer):
+        space = getattr(jax.typeof(x), "memory_space", None)
+        return x if space != jax.memory.Space.Host else jax.device_put(x, jax.memory.Space.Device)
+    sharding = getattr(x, "sharding", None)
+    if getattr(sharding, "memory_kind", None) in (None, "device"):
+        return x
+    return jax.device_put(x, sharding.with_memory_kind("device"))
 
 
 def quantize_blockwise(x: Any, block_size: int = 256, quantization: str = "dynamic") -> QuantizedArray:
@@ -148,6 +166,10 @@ def quantize_blockwise(x: Any, block_size: int = 256, quantization: str = "dynam
     holds a negative number, else the unsigned one (twice the resolution). Dequantized, an
     element is off by at most half a table step times the block's largest magnitude.
     Quantizing works in float32; `dequantize` returns `x`'s dtype.
+
+    Non-finite elements do not enter the scale (the block's largest *finite* magnitude): `inf`
+    and `-inf` come back as plus or minus that magnitude, `NaN` as 0, and the other elements
+    of the block as they would without them.
 
     Args:
         x: the array, of a real floating dtype.
@@ -189,10 +211,14 @@ def _quantize(x: jax.Array, block_size: int, quantization: str) -> tuple[jax.Arr
     lead, length = block_layout(x.shape, block_size)
     blocks = math.ceil(length / block_size)
     values = _in_blocks(x.astype(jnp.float32).reshape(*lead, length), blocks, block_size)
-    absmax = jnp.max(jnp.abs(values), axis=-1)
+    # The scale is the largest finite magnitude: an `inf` or `NaN` element is coded alone (as
+    # +-1, the scale, or as 0) and leaves the rest of its block as it would be without it.
+    finite = jnp.isfinite(values)
+    absmax = jnp.max(jnp.where(finite, jnp.abs(values), 0), axis=-1)
     signed = jnp.any(values < 0, axis=-1)
     # Scaled by the reciprocal, as bitsandbytes does; an all-zero block stays zero.
     normalized = jnp.clip(values * (1 / jnp.where(absmax > 0, absmax, 1))[..., None], -1, 1)
+    normalized = jnp.where(jnp.isnan(values), 0, normalized)
     codes = _nearest(jnp.asarray(thresholds), signed[..., None], normalized, quantization)
     codes = codes.reshape(*lead, blocks * block_size)[..., :length].reshape(x.shape)
     return codes.astype(jnp.uint8), jnp.where(signed, -absmax, absmax)

@@ -126,8 +126,22 @@ class Inputs:
         manager.wait_until_finished()
         return manager
 
+    def _quantized_checkpoints(self):
+        """A directory holding step 1 of an 8-bit Adam (blocks of 256, dynamic tables), and its manager."""
+        from modopt.integrations.orbax import CheckpointManager
+
+        manager = CheckpointManager(self._tmp_path / "quantized")
+        manager.save(1, optimizer=_quantized_adam(self.params))
+        manager.wait_until_finished()
+        return manager
+
     def _mesh(self):
         return jax.make_mesh((1,), ("data",))
+
+
+def _quantized_adam(params: Any, **options: Any) -> modopt.Optimizer:
+    """8-bit Adam on `params`, every moment quantized (`min_size=1`)."""
+    return modopt.Optimizer(modopt.quantized_state(modopt.adam(1e-3), min_size=1, **options), params)
 
 
 def _step_with_float64_gradients(optimizer: modopt.Optimizer, params: Any) -> Any:
@@ -294,6 +308,26 @@ CASES = [
     Case("checkpoints", "restore_int64_into_int32", lambda i: i.checkpoint_of_values.restore(1, loader={"position": np.int32(0), "epoch": 0, "name": ""}), ValueError, "at ['position'] the checkpoint has an array of shape () and dtype int64, the target an array of shape () and dtype int32"),
     Case("checkpoints", "restore_int_too_large", lambda i: i.checkpoint_of_values.restore(1, loader={"position": np.int64(0), "epoch": jnp.int32(0), "name": ""}), ValueError, "at ['epoch'] the checkpoint has the value 1099511627776, which does not fit the target's dtype int32"),
     Case("checkpoints", "restore_string_into_number", lambda i: i.checkpoint_of_values.restore(1, loader={"position": np.int64(0), "epoch": 0, "name": 0}), ValueError, "at ['name'] the checkpoint has the value 'run-1', the target the value 0"),
+    # ---- 8-bit state and PRNG keys (issue 39) ----------------------------------------------
+    # What is quantized is chosen by role (moments); a transform without moments is refused.
+    Case("8-bit state", "quantized_state_of_lbfgs", lambda i: modopt.quantized_state(modopt.scale_by_lbfgs()).init(i.params), ValueError, "quantized_state: ScaleByLBFGS keeps no moments (running averages of the gradients per parameter element, such as Adam's mu and nu) to store in 8 bits; its state holds inner_state.diff_params_memory['w'] (shape (10, 3, 2)), inner_state.diff_updates_memory['w'] (shape (10, 3, 2)), inner_state.diff_params_memory['b'] (shape (10, 2)) and 6 more, none of them a moment."),
+    Case("8-bit state", "quantized_state_of_a_stateless_transform", lambda i: modopt.quantized_state(modopt.clip_by_global_norm(1.0)).init(i.params), ValueError, "quantized_state: ClipByGlobalNorm keeps no moments (running averages of the gradients per parameter element, such as Adam's mu and nu) to store in 8 bits; its state holds no floating array."),
+    Case("8-bit state", "quantized_state_twice", lambda i: modopt.quantized_state(modopt.quantized_state(modopt.adam(1e-3), min_size=1)).init(i.params), ValueError, "quantized_state: the state of QuantizedState is already in 8 bits (at inner_state.inner_state[0].mu['b']): wrap a transform in `quantized_state` once."),
+    # 8-bit codes mean nothing under other tables or blocks: the checkpoint records its layout.
+    Case("8-bit state", "restore_into_other_block_size", lambda i: i.quantized_checkpoints.restore(1, optimizer=_quantized_adam(i.params, block_size=250)), ValueError, "at .state.inner_state[0].mu['b'].codes the checkpoint has an array of shape (2,) and dtype uint8 (of 8-bit state: blocks of 256, 'dynamic' tables, dequantized to float32), the target an array of shape (2,) and dtype uint8 (of 8-bit state: blocks of 250, 'dynamic' tables, dequantized to float32)"),
+    Case("8-bit state", "restore_into_other_tables", lambda i: i.quantized_checkpoints.restore(1, optimizer=_quantized_adam(i.params, quantization="linear")), ValueError, "the target an array of shape (2,) and dtype uint8 (of 8-bit state: blocks of 256, 'linear' tables, dequantized to float32)"),
+    Case("8-bit state", "restore_into_float32_state", lambda i: i.quantized_checkpoints.restore(1, optimizer=i.adam), ValueError, "it holds an Optimizer of QuantizedState, the target is an Optimizer of Adam"),
+    # A key is checked where it is given, naming the argument (it used to fail inside jax.random at the first step).
+    Case("PRNG keys", "stochastic_rounding_integer_key", lambda i: modopt.Optimizer(modopt.sgd(0.1), i.params, compensation="stochastic_rounding", key=0), TypeError, "Invalid key: 0 (an integer, not a key: make one with `jax.random.key(seed)`) in Optimizer. Expected a PRNG key (`jax.random.key(seed)`), its raw key data (uint32, shape (2,))."),
+    Case("PRNG keys", "stochastic_rounding_float_key", lambda i: modopt.Optimizer(modopt.sgd(0.1), i.params, compensation="stochastic_rounding", key=1.5), TypeError, "Invalid key: 1.5 (of type float) in Optimizer."),
+    Case("PRNG keys", "apply_updates_integer_key", lambda i: modopt.apply_updates(i.params, i.grads, key=3), TypeError, "Invalid key: 3 (an integer, not a key: make one with `jax.random.key(seed)`) in apply_updates."),
+    Case("PRNG keys", "train_state_integer_key", lambda i: i.flax.TrainState.create(apply_fn=None, params=i.params, tx=modopt.sgd(0.1), compensation="stochastic_rounding", key=0), TypeError, "Invalid key: 0 (an integer, not a key: make one with `jax.random.key(seed)`) in TrainState."),
+    Case("PRNG keys", "kron_float_key", lambda i: modopt.kron(1e-3, key=0.5), TypeError, "Invalid key: 0.5 (of type float) in Kron. Expected a PRNG key (`jax.random.key(seed)`), its raw key data (uint32, shape (2,)), or an integer seed."),
+    Case("PRNG keys", "scale_by_kron_key_data_of_other_shape", lambda i: modopt.scale_by_kron(key=jnp.zeros(3, jnp.uint32)), TypeError, "Invalid key: [0 0 0] (key data of shape (3,), not (2,)) in ScaleByKron."),
+    Case("PRNG keys", "scale_by_kron_signed_key_data", lambda i: modopt.scale_by_kron(key=jnp.zeros(2, jnp.int32)), TypeError, "Invalid key: [0 0] (an array of dtype int32 and shape (2,)) in ScaleByKron."),
+    Case("PRNG keys", "noisy_sgd_two_keys", lambda i: modopt.noisy_sgd(0.1, key=jax.random.split(jax.random.key(0))), TypeError, "Invalid key: keys of shape (2,) (2 keys, not one) in noisy_sgd."),
+    Case("PRNG keys", "add_noise_bool_seed", lambda i: modopt.add_noise(0.1, 0.5, seed=True), TypeError, "Invalid seed: True (a bool, not a key) in add_noise."),
+    Case("PRNG keys", "hutchinson_string_seed", lambda i: modopt.contrib.hutchinson_estimator_diag_hessian("seed"), TypeError, "Invalid random_seed: 'seed' (of type str) in HutchinsonEstimatorDiagHessian."),
 ]
 
 

@@ -108,8 +108,8 @@ def test_bad_configurations_are_named():
         modopt.quantized_state(modopt.adam(1e-3), quantization="fp8")
     with pytest.raises(TypeError, match="real floating array"):
         modopt.quantize_blockwise(jnp.arange(10))
-    # A history (L-BFGS) is not a per-element moment: refused with its path.
-    with pytest.raises(ValueError, match=r"ScaleByLBFGS at inner_state\.diff_params_memory\['w'\] \(shape \(10, 64, 128\)\)"):
+    # L-BFGS keeps histories, no moment: refused, naming its largest state by path.
+    with pytest.raises(ValueError, match=r"ScaleByLBFGS keeps no moments .* inner_state\.diff_params_memory\['w'\] \(shape \(10, 64, 128\)\)"):
         modopt.quantized_state(modopt.scale_by_lbfgs()).init({"w": jnp.zeros((64, 128))})
 
 
@@ -132,3 +132,128 @@ def test_state_memory_benchmark_smoke_run(tmp_path):
     table = (tmp_path / "state_memory.txt").read_text()
     assert all(name in table for name in names)
     assert set(json.loads((tmp_path / "state_memory.json").read_text())) == set(results)
+
+
+# ---- faults: non-finite gradients, offloaded state, checkpoints of another layout -------------
+
+
+def test_non_finite_elements_do_not_enter_their_block_scale():
+    """A block with `inf`, `-inf` and `NaN`: the other elements get the codes they get with those
+    set to 0 (the block already holds negatives and a larger finite magnitude); `inf` comes back
+    as the block's largest finite magnitude, `-inf` as the signed table's most negative entry
+    times it, `NaN` as 0."""
+    x = np.linspace(-2.0, 3.0, 256).astype(np.float32)
+    hit = x.copy()
+    hit[[10, 20, 30]] = [np.inf, -np.inf, np.nan]
+    clean = x.copy()
+    clean[[10, 20, 30]] = 0.0
+    q, reference = modopt.quantize_blockwise(jnp.asarray(hit)), modopt.quantize_blockwise(jnp.asarray(clean))
+    others = np.ones(256, bool)
+    others[[10, 20, 30]] = False
+    np.testing.assert_array_equal(np.asarray(q.codes)[others], np.asarray(reference.codes)[others])
+    np.testing.assert_array_equal(np.asarray(q.scales), np.asarray(reference.scales))  # -3: signed, largest |x| 3
+    back = np.asarray(q.dequantize())
+    most_negative = float(modopt._quantization.dynamic_map(True)[0])
+    np.testing.assert_allclose(back[[10, 20, 30]], [3.0, 3.0 * most_negative, 0.0], rtol=1e-6)
+
+
+def _adam_runs(tx, steps, hit_step, hit):
+    """Parameters of a 1024-element vector after each of `steps` Adam steps, an `inf` at element
+    `hit` of the gradient of step `hit_step`."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 1024)}
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    found = []
+    for i in range(steps):
+        grads = {"w": jax.random.normal(jax.random.key(i), (1024,))}
+        if i == hit_step:
+            grads = {"w": grads["w"].at[hit].set(jnp.inf)}
+        updates, state = update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        found.append(np.asarray(params["w"]))
+    return found, state
+
+
+def test_an_inf_gradient_element_hits_that_element_only_as_in_float32_adam():
+    """float32 Adam (optax) turns the parameter element whose gradient is `inf` into NaN and leaves
+    the others; 8-bit Adam does the same: the other 255 moments of the block stay finite, and the
+    other parameters stay within 8-bit rounding of float32 Adam's (each step moves a parameter by
+    at most about the learning rate; 8-bit moments change a step by a few percent of it)."""
+    lr, steps = 1e-2, 5
+    exact, _ = _adam_runs(optax.adam(lr), steps, 1, 300)
+    ours, state = _adam_runs(modopt.quantized_state(modopt.adam(lr), min_size=1), steps, 1, 300)
+    for e, o in zip(exact, ours):
+        np.testing.assert_array_equal(np.isnan(o), np.isnan(e))
+    assert np.flatnonzero(np.isnan(exact[-1])).tolist() == [300]
+    others = np.arange(1024) != 300
+    assert np.max(np.abs(ours[-1] - exact[-1])[others]) <= 0.1 * lr * steps
+    moments = modopt.dequantized(state.inner_state)[0]
+    assert np.all(np.isfinite(np.asarray(moments.mu["w"]))) and np.all(np.isfinite(np.asarray(moments.nu["w"])))
+
+
+def test_apply_if_finite_skips_the_step_and_keeps_the_8_bit_state():
+    """The other remedy: `apply_if_finite` drops a non-finite step whole, codes and scales unchanged."""
+    tx = modopt.apply_if_finite(modopt.quantized_state(modopt.adam(1e-2), min_size=1), max_consecutive_errors=5)
+    params = {"w": jnp.linspace(-1.0, 1.0, 1024)}
+    grads = {"w": jax.random.normal(jax.random.key(0), (1024,))}
+    _, state = tx.update(grads, tx.init(params), params)
+    updates, after = tx.update({"w": grads["w"].at[3].set(jnp.inf)}, state, params)
+    assert not np.any(np.asarray(updates["w"]))
+    for a, b in zip(jax.tree.leaves(after.inner_state), jax.tree.leaves(state.inner_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_dequantized_reads_an_offloaded_state():
+    """`state_memory_kind="pinned_host"`: `dequantized` and `.dequantize()` give the numbers of the
+    same optimizer kept on the device, and leave the state in host memory."""
+    params = {"w": jnp.linspace(-1.0, 1.0, 1024)}
+    grads = {"w": jax.random.normal(jax.random.key(0), (1024,))}
+    tx = modopt.quantized_state(modopt.adam(1e-2), min_size=1)
+    on_host = modopt.Optimizer(tx, params, state_memory_kind="pinned_host")
+    on_device = modopt.Optimizer(tx, params)
+    step = modopt.jit_step(lambda params, optimizer, grads: optimizer.step(params, grads), donate_argnums=())
+    _, on_host = step(params, on_host, grads)
+    _, on_device = step(params, on_device, grads)
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(on_host.state)} == {"pinned_host"}
+    for ours, theirs in zip(jax.tree.leaves(modopt.dequantized(on_host.state)), jax.tree.leaves(modopt.dequantized(on_device.state))):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    mu = on_host.state.inner_state[0].mu["w"]
+    np.testing.assert_array_equal(np.asarray(mu.dequantize()), np.asarray(on_device.state.inner_state[0].mu["w"].dequantize()))
+    assert mu.codes.sharding.memory_kind == "pinned_host"
+
+
+@pytest.mark.parametrize(
+    "change, saved_text, target_text",
+    [
+        ({"block_size": 250}, "blocks of 256, 'dynamic' tables", "blocks of 250, 'dynamic' tables"),
+        ({"quantization": "linear"}, "blocks of 256, 'dynamic' tables", "blocks of 256, 'linear' tables"),
+    ],
+    ids=["block_size", "quantization"],
+)
+def test_a_checkpoint_restores_only_into_the_same_tables_and_blocks(tmp_path, change, saved_text, target_text):
+    """500 elements: blocks of 256 and of 250 give codes and scales of the same shapes, yet the
+    codes are other numbers under the other layout. The record keeps the layout; a restore into
+    another is refused, naming the leaf and both layouts; into the same it is bit-exact."""
+    from modopt.integrations.orbax import CheckpointError, CheckpointManager
+
+    params = {"w": jnp.linspace(-1.0, 1.0, 500)}
+    grads = {"w": jax.random.normal(jax.random.key(0), (500,))}
+
+    def made(**options):
+        tx = modopt.quantized_state(modopt.adam(1e-2), min_size=1, **options)
+        return modopt.Optimizer(tx, params)
+
+    _, saved = made().step(params, grads)
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, optimizer=saved)
+        manager.wait_until_finished()
+        other = made(**change)
+        assert [x.shape for x in jax.tree.leaves(other.state)] == [x.shape for x in jax.tree.leaves(saved.state)]
+        with pytest.raises(CheckpointError) as error:
+            manager.restore(1, optimizer=other)
+        message = str(error.value)
+        assert ".state.inner_state[0].mu['w'].codes" in message or ".state.inner_state[0].mu['w'].scales" in message
+        assert saved_text in message and target_text in message
+        restored = manager.restore(1, optimizer=made())["optimizer"]
+    for a, b in zip(jax.tree.leaves(restored.state), jax.tree.leaves(saved.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -12,13 +12,14 @@ from .._base import AbstractTransform, AbstractWrapper, inner_transform
 from .._fields import choice, static
 from .._quantization import QUANTIZATIONS, QuantizedArray, block_layout, quantize_blockwise
 from .._specs import padded
+from .._state_roles import moment_mask
 
 
 class QuantizedInnerState(NamedTuple):
     """The state of `quantized_state`.
 
-    inner_state: the wrapped transform's state, each large floating leaf shaped like a
-        parameter replaced by a `QuantizedArray` (8-bit codes and per-block scales).
+    inner_state: the wrapped transform's state, each moment of at least `min_size` elements
+        replaced by a `QuantizedArray` (8-bit codes and per-block scales).
     """
 
     inner_state: Any
@@ -30,15 +31,23 @@ def is_quantized(x: Any) -> bool:
 
 
 class QuantizedState(AbstractWrapper):
-    """Keeps the state of a transform in 8 bits per element: 8-bit Adam, Lion, momentum, ...
+    """Keeps the moments of a transform in 8 bits per element: 8-bit Adam, Lion, momentum, ...
 
-    Every floating state leaf of `inner` shaped like a parameter and holding at least
-    `min_size` elements (Adam's `mu` and `nu`, a momentum trace) is stored block-wise
-    quantized (`modopt.quantize_blockwise`): one byte per element and one float32 scale per
-    block of `block_size` elements. Each `update` dequantizes the state, runs `inner.update`
-    on it in the state's own dtype, and quantizes the new state. Counters, scalars, small
-    leaves (biases, norms: little memory, and sensitive) and complex leaves are kept as they
-    are. Adam's state then takes about 2.03 bytes per parameter instead of 8.
+    The state leaves that hold *moments* (running averages or sums of the gradients kept per
+    parameter element: Adam's `mu` and `nu`, a momentum trace, Adagrad's sum of squares,
+    SOAP's moments in its eigenbasis, Kron's momentum) with at least `min_size` elements are
+    stored block-wise quantized (`modopt.quantize_blockwise`): one byte per element and one
+    float32 scale per block of `block_size` elements. Each `update` dequantizes the state,
+    runs `inner.update` on it in the state's own dtype, and quantizes the new state. Adam's
+    state then takes about 2.03 bytes per parameter instead of 8.
+
+    Which state is a moment is decided by its role, never by its shape: each state type
+    declares its moment fields (`modopt._state_roles.MOMENTS`, by name, for modopt's state
+    types and optax's). Everything else is kept as it is: counters, keys, copies of the
+    parameters or of a gradient, histories (L-BFGS), a preconditioner's statistics,
+    eigenbases and factors (Shampoo, SOAP, Kron), reduced or factored moments (Adafactor's
+    rows and columns), and small leaves (biases, norms: little memory, and sensitive). A
+    transform that keeps no moment at all is refused at `init`, naming its state.
 
     A block holding a negative number is coded with a signed table, a block of numbers >= 0
     (a second moment) with an unsigned one of twice the resolution, as the 8-bit optimizers
@@ -47,12 +56,18 @@ class QuantizedState(AbstractWrapper):
 
     The update rule of `inner` is unchanged; only its state is rounded between steps (to
     the nearest of 256 values of its block's table, never stochastically), so a step is
-    deterministic and a checkpoint resumes bit-exactly. A state leaf to quantize must have
-    the shape of a parameter: factored statistics, preconditioner matrices and histories
-    are refused with their path, since quantizing those block by block is not what the
-    method was made and validated for.
+    deterministic and a checkpoint resumes bit-exactly. A checkpoint records each quantized
+    leaf's `block_size`, `quantization` and dtype, and `modopt.integrations.orbax` refuses to
+    restore it into a state quantized otherwise (the codes mean nothing with other tables).
 
-    Sharding: the codes lie like the state leaf they replace (like its parameter). The
+    Non-finite gradients: an `inf` or `NaN` in a gradient element makes that element's
+    update NaN, as float32 Adam does, and nothing else: the element's moment is stored as the
+    largest finite magnitude of its block (for `inf`, with its sign) or 0 (for `NaN`), and the
+    rest of the block keeps its moments (bitsandbytes' scale would become `inf` and poison all
+    of them). Wrap in `modopt.apply_if_finite` to skip such a step altogether.
+
+    Sharding: the codes lie like the state leaf they replace (like its parameter, or on
+    its owners for a stack of per-matrix state: SOAP's, Kron's). The
     scales keep the leaf's leading axes and their split, and hold the blocks along one
     unsplit last axis: blocks run along the flattened trailing axes, whose split by the
     parameter's rule may cut a block, so each device keeps every block scale of its rows
@@ -92,33 +107,29 @@ class QuantizedState(AbstractWrapper):
                 raise ValueError(f"Invalid {name}: {value!r} (must be an integer >= {low}) in QuantizedState.")
 
     def init(self, params):
-        shapes = {tuple(jnp.shape(p)) for p in jax.tree_util.tree_leaves(params)}
+        inner_state = self.inner.init(params)
+        nodes = jax.tree_util.tree_flatten_with_path(inner_state, is_leaf=is_quantized)[0]
+        if stored := [path for path, node in nodes if is_quantized(node)]:
+            raise ValueError(
+                f"quantized_state: the state of {type(self.inner).__name__} is already in 8 bits (at "
+                f"inner_state{jax.tree_util.keystr(stored[0])}): wrap a transform in `quantized_state` once."
+            )
+        moments = moment_mask(inner_state)
+        flat = zip(jax.tree_util.tree_leaves(inner_state), jax.tree_util.tree_leaves(moments))
+        if not any(moment and _is_real_array(leaf) for leaf, moment in flat):
+            raise ValueError(
+                f"quantized_state: {type(self.inner).__name__} keeps no moments (running averages of the gradients "
+                f"per parameter element, such as Adam's mu and nu) to store in 8 bits; {_held(inner_state)}. "
+                "Wrap the transforms that keep moments (e.g. `chain(quantized_state(adam(...)), ...)`), or drop "
+                "`quantized_state`."
+            )
 
-        def quantize(path, leaf):
-            if not self._quantizes(leaf):
+        def quantize(leaf, moment):
+            if not (moment and _is_real_array(leaf) and leaf.size >= max(self.min_size, 1)):
                 return leaf
-            if tuple(leaf.shape) not in shapes:
-                raise ValueError(
-                    f"quantized_state: the state of {type(self.inner).__name__} at "
-                    f"inner_state{jax.tree_util.keystr(path)} (shape {tuple(leaf.shape)}) is not shaped like any "
-                    "parameter: only moments kept per parameter element are quantized, not factored statistics, "
-                    "preconditioner matrices or histories. Raise `min_size` above its size to keep it as it is, "
-                    "or wrap only the transforms whose state is per element."
-                )
             return quantize_blockwise(leaf, self.block_size, self.quantization)
 
-        inner_state = jax.tree_util.tree_map_with_path(quantize, self.inner.init(params))
-        return QuantizedInnerState(inner_state=inner_state)
-
-    def _quantizes(self, leaf: Any) -> bool:
-        """Whether an inner state leaf is stored quantized (decided by its shape and dtype)."""
-        dtype = getattr(leaf, "dtype", None)
-        return (
-            dtype is not None
-            and jnp.issubdtype(dtype, jnp.floating)
-            and len(leaf.shape) >= 1
-            and leaf.size >= max(self.min_size, 1)
-        )
+        return QuantizedInnerState(inner_state=jax.tree_util.tree_map(quantize, inner_state, moments))
 
     def update(self, updates, state, params=None, **extra_args):
         inner_state = dequantized(state.inner_state)
@@ -140,6 +151,23 @@ class QuantizedState(AbstractWrapper):
         specs = treedef.flatten_up_to(self.inner.state_specs(params, param_specs))
         placed = [_quantized_specs(node, spec) if is_quantized(node) else spec for node, spec in zip(nodes, specs)]
         return QuantizedInnerState(inner_state=treedef.unflatten(placed))
+
+
+def _is_real_array(leaf: Any) -> bool:
+    """A real floating array of at least one dimension (what a quantized leaf may be)."""
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.floating) and len(leaf.shape) >= 1
+
+
+def _held(state: Any) -> str:
+    """What a state without moments holds, for the error: its largest floating leaves, by path."""
+    flat = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(state)[0] if _is_real_array(x)]
+    if not flat:
+        return "its state holds no floating array"
+    flat.sort(key=lambda item: -item[1].size)
+    shown = ", ".join(f"inner_state{jax.tree_util.keystr(p)} (shape {tuple(x.shape)})" for p, x in flat[:3])
+    more = f" and {len(flat) - 3} more" if len(flat) > 3 else ""
+    return f"its state holds {shown}{more}, none of them a moment"
 
 
 def dequantized(tree: Any) -> Any:

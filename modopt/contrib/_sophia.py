@@ -77,7 +77,7 @@ class HutchinsonEstimatorDiagHessian(AbstractTransform):
     random_seed: jax.Array = fields.prng_key()
 
     def __init__(self, random_seed: Any = None):
-        self.random_seed = as_key(0 if random_seed is None else random_seed)
+        self.random_seed = as_key(0 if random_seed is None else random_seed, "random_seed", type(self).__name__)
 
     def init(self, params):
         # A copy: the state's key must not be the transform's buffer (both are donated).

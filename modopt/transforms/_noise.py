@@ -32,7 +32,7 @@ def key_or_seed(key: Any, seed: Any, owner: str) -> jax.Array:
     if key is not None and seed is not None:
         raise ValueError(f"{owner}: pass either `key` or `seed`, not both (they name the same thing).")
     chosen = seed if key is None else key
-    return as_key(0 if chosen is None else chosen)
+    return as_key(0 if chosen is None else chosen, "seed" if key is None else "key", owner)
 
 
 class AddNoiseState(NamedTuple):

@@ -169,6 +169,41 @@ def align_gradients(
     return treedef.unflatten(aligned)
 
 
+def check_update_shapes(params: Any, updates: Any, owner: str) -> None:
+    """Raises `ValueError` naming the first parameter whose update would change its shape.
+
+    An update broadcasting to its parameter's shape (a scalar, as optax allows) passes; one of
+    another shape (which would fail inside the sum, or broadcast the parameter to a larger
+    shape) is an error naming the path. Structure mismatches are left to the caller.
+
+    Args:
+        params: the parameters (possibly with `None` leaves).
+        updates: the updates, with the structure of `params`.
+        owner: the function's name, for the message.
+    """
+    structure = jax.tree_util.tree_structure(params, is_leaf=is_none)
+    try:
+        update_leaves = structure.flatten_up_to(updates)
+    except (ValueError, TypeError):
+        return
+    for i, (p, u) in enumerate(zip(structure.flatten_up_to(params), update_leaves)):
+        if p is None or u is None:
+            continue
+        shape, found = jnp.shape(p), jnp.shape(u)
+        if found == shape:
+            continue
+        try:
+            fits = jnp.broadcast_shapes(shape, found) == shape
+        except ValueError:
+            fits = False
+        if not fits:
+            path = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_none)[0][i][0]
+            raise ValueError(
+                f"{owner}: the update at {jax.tree_util.keystr(path) or 'the root'} has shape {found}, but the "
+                f"parameter has shape {shape}."
+            )
+
+
 def _batched_shape(shape: tuple[int, ...]) -> str:
     """`(batch_size, 3, 4)` for a parameter of shape `(3, 4)`; `(batch_size,)` for a scalar."""
     return f"({', '.join(['batch_size', *map(str, shape)])}{',' if not shape else ''})"

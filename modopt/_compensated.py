@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ._checks import check_update_shapes
 from ._trees import is_none
 from ._fields import as_key
 from ._module import Module
@@ -155,6 +156,7 @@ def apply_updates_kahan(params: Any, updates: Any, compensation: Any) -> tuple[A
             "apply_updates_kahan: the compensation does not have the structure of the parameters; "
             "create it with `modopt.kahan_compensation(params)`."
         ) from None
+    check_update_shapes(params, updates, "apply_updates_kahan")
     new_params, new_buffers = [], []
     for (path, p), u, c in zip(leaves, structure.flatten_up_to(updates), buffers):
         _check_buffer(path, p, c)

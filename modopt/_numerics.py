@@ -75,6 +75,49 @@ def safe_root_mean_squares(x: ArrayLike, min_rms: ArrayLike) -> jax.Array:
     return jnp.where(small, min_rms, masked)
 
 
+def overflow_scale(x: ArrayLike, batch_dims: int = 0, bound: int | None = None) -> jax.Array:
+    """A power of two `2**-k` (`k >= 0` an integer) that brings the entries of `x` within
+    `2**(maxexp / 4)` of its dtype (`2**32` for float32), so that their squares and sums of
+    them stay finite: `x * overflow_scale(x)` can be squared and summed safely, and the result
+    scaled back by the inverse (or the ratio of two such results taken as it is).
+
+    It is exactly 1 for arrays already within that bound (every ordinary gradient): multiplying
+    by it changes no bit. Scaling by a power of two is exact too (barring underflow of entries
+    far below the largest), so a scaled computation rounds as the unscaled one would where that
+    one does not overflow. Non-finite entries give 1 (they stay non-finite).
+
+    Args:
+        x: a floating-point or complex array (the scale has the real dtype).
+        batch_dims: the number of leading axes along which the scales are separate (the result
+            has those axes, and size 1 along the others).
+        bound: the entries are brought within `2**bound`; `None` is `maxexp // 4` of the dtype
+            (32 for float32). Products of products (the Frobenius norm of a Gram matrix, an
+            eigendecomposition of one) need `maxexp // 8`.
+    """
+    x = jnp.asarray(x)
+    k = overflow_exponent(x, batch_dims, bound)
+    real = jnp.finfo(x.dtype).dtype  # a complex array's real dtype
+    return jnp.ldexp(jnp.ones(k.shape, real), -k).reshape(k.shape + (1,) * (x.ndim - batch_dims))
+
+
+def overflow_exponent(x: ArrayLike, batch_dims: int = 0, bound: int | None = None) -> jax.Array:
+    """The `k` of `overflow_scale(x, batch_dims, bound) == 2**-k`: an int32 array of the leading
+    `batch_dims` axes of `x`, 0 wherever its entries are within `2**bound` (or not finite)."""
+    x = jnp.asarray(x)
+    bound = jnp.finfo(x.dtype).maxexp // 4 if bound is None else bound
+    top = jnp.max(jnp.abs(x), axis=tuple(range(batch_dims, x.ndim)), initial=0)
+    _, exponent = jnp.frexp(top)  # top = m * 2**exponent, 0.5 <= m < 1
+    k = jnp.maximum(exponent - bound, 0)
+    return jnp.where(jnp.isfinite(top), k, 0).astype(jnp.int32)
+
+
+def scaled_norm(x: ArrayLike) -> jax.Array:
+    """`jnp.linalg.norm(x)` (Frobenius) without overflow for huge entries: computed on `x`
+    scaled by `overflow_scale(x)` and scaled back (the same bits where it does not overflow)."""
+    scale = overflow_scale(x)
+    return jnp.linalg.norm(x * scale) / scale.reshape(())
+
+
 def safe_increment(count: jax.Array) -> jax.Array:
     """`count + 1`, saturating at the dtype's maximum instead of overflowing.
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from ._checks import check_update_shapes
 from ._compensated import apply_updates_stochastic
 from ._trees import is_none, map_updates
 
@@ -24,6 +25,9 @@ def apply_updates(params: Params, updates: Updates, *, key: jax.Array | None = N
     small to move the parameter still moves it, on average); other leaves are rounded as
     without a key. Use a new key every step. `apply_updates_kahan` is the other remedy.
 
+    An update must have its parameter's shape (or one broadcasting to it, a scalar); another
+    shape is a `ValueError` naming the parameter's path, with or without `key`.
+
     Args:
         params: the parameters, a pytree of arrays (possibly with `None` leaves).
         updates: the updates, with the structure of `params`.
@@ -38,6 +42,7 @@ def apply_updates(params: Params, updates: Updates, *, key: jax.Array | None = N
         Gupta, Agrawal, Gopalakrishnan, Narayanan, [Deep Learning with Limited Numerical
         Precision](https://arxiv.org/abs/1502.02551), 2015.
     """
+    check_update_shapes(params, updates, "apply_updates")
     if key is not None:
         return apply_updates_stochastic(params, updates, key)
     return jax.tree_util.tree_map(

@@ -138,6 +138,14 @@ class Inputs:
     def _mesh(self):
         return jax.make_mesh((1,), ("data",))
 
+    def _empty_params(self):
+        """A sliced model's parameters: a weight without rows beside ordinary ones."""
+        return {"w": jnp.zeros((0, 3)), "m": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+
+    def _huge_grads(self):
+        """Gradients of about 1e30: squared, they overflow float32."""
+        return {"w": jnp.full((3, 2), 1e30) * jnp.array([[1.0, -0.5]]), "b": jnp.full(2, -1e30)}
+
 
 def _quantized_adam(params: Any, **options: Any) -> modopt.Optimizer:
     """8-bit Adam on `params`, every moment quantized (`min_size=1`)."""
@@ -327,6 +335,12 @@ CASES = [
     Case("PRNG keys", "scale_by_kron_signed_key_data", lambda i: modopt.scale_by_kron(key=jnp.zeros(2, jnp.int32)), TypeError, "Invalid key: [0 0] (an array of dtype int32 and shape (2,)) in ScaleByKron."),
     Case("PRNG keys", "noisy_sgd_two_keys", lambda i: modopt.noisy_sgd(0.1, key=jax.random.split(jax.random.key(0))), TypeError, "Invalid key: keys of shape (2,) (2 keys, not one) in noisy_sgd."),
     Case("PRNG keys", "add_noise_bool_seed", lambda i: modopt.add_noise(0.1, 0.5, seed=True), TypeError, "Invalid seed: True (a bool, not a key) in add_noise."),
+    # ---- applying updates (issue 39) --------------------------------------------------------
+    # An update of another shape names its leaf, with or without a key, and never broadcasts the parameter.
+    Case("updates", "apply_updates_with_key_other_shape", lambda i: modopt.apply_updates(i.params, {"w": jnp.ones((2, 3)), "b": jnp.zeros(2)}, key=jax.random.key(0)), ValueError, "apply_updates: the update at ['w'] has shape (2, 3), but the parameter has shape (3, 2)."),
+    Case("updates", "apply_updates_other_shape", lambda i: modopt.apply_updates(i.params, {"w": i.grads["w"], "b": jnp.zeros(3)}), ValueError, "apply_updates: the update at ['b'] has shape (3,), but the parameter has shape (2,)."),
+    Case("updates", "apply_updates_broadcasting_the_parameter", lambda i: modopt.apply_updates(i.params, {"w": i.grads["w"], "b": jnp.zeros((4, 2))}), ValueError, "apply_updates: the update at ['b'] has shape (4, 2), but the parameter has shape (2,)."),
+    Case("updates", "apply_updates_kahan_other_shape", lambda i: modopt.apply_updates_kahan(i.params, {"w": jnp.ones((2, 3)), "b": jnp.zeros(2)}, modopt.kahan_compensation(i.params)), ValueError, "apply_updates_kahan: the update at ['w'] has shape (2, 3), but the parameter has shape (3, 2)."),
     Case("PRNG keys", "hutchinson_string_seed", lambda i: modopt.contrib.hutchinson_estimator_diag_hessian("seed"), TypeError, "Invalid random_seed: 'seed' (of type str) in HutchinsonEstimatorDiagHessian."),
 ]
 
@@ -343,6 +357,54 @@ def test_bad_input(case, tmp_path):
     inputs = Inputs(tmp_path)
     with pytest.raises(case.error, match=re.escape(case.message)):
         case.call(inputs)
+    assert inputs.unchanged() == []
+
+
+class Fault(NamedTuple):
+    """A fault with a documented behaviour rather than an error: `check(inputs, result)`
+    asserts it, and the caller's objects are unchanged afterwards."""
+
+    area: str
+    name: str
+    call: Callable[[Inputs], Any]
+    check: Callable[[Inputs, Any], None]
+
+
+def _step(tx: Any, params: Any, grads: Any = None) -> Any:
+    """The parameters after two `Optimizer` steps (SOAP's first only gathers statistics), with
+    gradients of ones by default."""
+    grads = jax.tree.map(jnp.ones_like, params) if grads is None else grads
+    new, optimizer = modopt.Optimizer(tx, params).step(params, grads)
+    return optimizer.step(new, grads)[0]
+
+
+def _finite_like(inputs: Inputs, new_params: Any, params: str = "params") -> None:
+    """The new parameters have the shapes and dtypes of `inputs.<params>`, every entry finite."""
+    old = getattr(inputs, params)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), new_params) == jax.tree.map(lambda x: (x.shape, x.dtype), old)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(new_params))
+
+
+FAULTS = [
+    # ---- parameters without elements (issue 39): an empty update, as Adam gives --------------
+    # contrib.muon divided by a weight's zero width; kron reduced its empty factor with `max`.
+    Fault("zero-size", "contrib_muon", lambda i: _step(modopt.contrib.muon(0.02), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
+    Fault("zero-size", "kron", lambda i: _step(modopt.kron(1e-3), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
+    Fault("zero-size", "soap", lambda i: _step(modopt.soap(1e-3), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
+    Fault("zero-size", "shampoo", lambda i: _step(modopt.shampoo(1e-3), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
+    # ---- huge gradients (issue 39): statistics kept finite, not NaN parameters ---------------
+    # Squares of 1e30 overflow float32; the statistics are scaled by powers of two (see
+    # tests/test_huge_gradients.py for the updates' scale behaviour).
+    Fault("huge gradients", "shampoo", lambda i: _step(modopt.shampoo(1e-3, start_preconditioning_step=0), i.params, i.huge_grads), _finite_like),
+    Fault("huge gradients", "soap", lambda i: _step(modopt.soap(1e-3), i.params, i.huge_grads), _finite_like),
+    Fault("huge gradients", "kron", lambda i: _step(modopt.kron(1e-3), i.params, i.huge_grads), _finite_like),
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f"{fault.area}-{fault.name}" for fault in FAULTS])
+def test_fault(fault, tmp_path):
+    inputs = Inputs(tmp_path)
+    fault.check(inputs, fault.call(inputs))
     assert inputs.unchanged() == []
 
 

@@ -71,6 +71,10 @@ class ScaleByMuon(AbstractTransform):
     singular values end roughly in [0.7, 1.2], not exactly at 1.) With `adaptive=True` the
     update is `<M, O> O`, scaled by the dual norm of `M`.
 
+    A matrix of huge entries (beyond `2**16` in float32, whose squares in the norms and in
+    `X X^H` overflow) is first scaled by a power of two: each scaling divides by a norm, so
+    `O` is the same (it was zero: the norm overflowed). Other matrices are scaled by exactly 1.
+
     Weights of rank other than 2 need `MuonDimensionNumbers` saying which axes form the
     matrix (the others are batch axes, orthogonalized slice by slice).
 

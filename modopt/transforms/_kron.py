@@ -20,7 +20,7 @@ from .._moments import (
     update_dtype,
     widened_update_moment,
 )
-from .._numerics import safe_increment
+from .._numerics import overflow_scale, safe_increment
 from .._specs import OWNED, REPLICATED
 from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, per_unit, run_per_unit, specs_of, whole_map
 from .._trees import cast_like
@@ -146,7 +146,8 @@ class ScaleByKronState(NamedTuple):
         parameter of the kind (in the order of the parameters): `(n, d, d)` upper-triangular
         matrices or `(n, d)` diagonals. `ScaleByKron.unstacked` gives them per parameter. On a
         mesh each stack is split over the devices: each parameter's factors live on the one
-        device that preconditions it (`modopt.sharding`'s owner scheme).
+        device that preconditions it (`modopt.sharding`'s owner scheme). A parameter without
+        elements has no factors (`()` in `unstacked`) and gets an empty update.
     key: the PRNG key of the next step (a typed key): the coin flips and the probes.
     """
 
@@ -174,6 +175,11 @@ class ScaleByKron(AbstractTransform):
        With probability `balance_prob` (another coin), an update first rescales the factors
        to equal largest entries (`P` unchanged).
     3. `update = P m_hat`, scaled down to an RMS of at most 1.1.
+
+    Huge gradients (entries beyond `2**32` in float32, where `A A^T` or the RMS would overflow)
+    are handled exactly: `A` and `B` are scaled alike by a power of two before their Gram
+    matrices, whose ratio is the factors' step, and the RMS and `mean|m_hat|` are computed
+    on a scaled copy. Ordinary gradients are scaled by exactly 1 (no bit changes).
 
     Randomness: each step splits the state's key into four, the next step's key, the update
     coin (`uniform(key) < p`, with `p` the probability at the step count before this step),
@@ -263,11 +269,18 @@ class ScaleByKron(AbstractTransform):
     def _units(self, tree: Any) -> tuple[list[Layout], list[bool], UnitStacks]:
         """Each leaf's layout; whether it is a matrix taller than wide, stacked as its transpose
         (so that a `(m, n)` and an `(n, m)` weight share a stack: Kron's math is the same on the
-        transpose, with the factors swapped); and the stacks of same-layout leaves."""
-        layouts = [self.layout(jnp.shape(x)) for x in jax.tree_util.tree_leaves(tree)]
+        transpose, with the factors swapped); and the stacks of same-layout leaves (a leaf
+        without elements has none: no factors, an empty update)."""
+        shapes = [jnp.shape(x) for x in jax.tree_util.tree_leaves(tree)]
+        layouts = [self.layout(shape) for shape in shapes]
         flips = [len(lay.shape) == 2 and lay.shape[0] > lay.shape[1] for lay in layouts]
         kinds = [
-            (lay.shape[::-1], lay.diagonal[::-1]) if flip else (lay.shape, lay.diagonal) for lay, flip in zip(layouts, flips)
+            None
+            if math.prod(shape) == 0
+            else (lay.shape[::-1], lay.diagonal[::-1])
+            if flip
+            else (lay.shape, lay.diagonal)
+            for shape, lay, flip in zip(shapes, layouts, flips)
         ]
         return layouts, flips, UnitStacks(kinds, [1] * len(layouts))
 
@@ -300,7 +313,9 @@ class ScaleByKron(AbstractTransform):
         _, flips, stacks = self._units(state.momentum)
         rows = stacks.unstack(state.Qs)
         treedef = jax.tree_util.tree_structure(state.momentum)
-        per_leaf = [tuple(q[0] for q in (leaf[::-1] if flip else leaf)) for leaf, flip in zip(rows, flips)]
+        per_leaf = [
+            () if leaf is None else tuple(q[0] for q in (leaf[::-1] if flip else leaf)) for leaf, flip in zip(rows, flips)
+        ]
         return state._replace(Qs=treedef.unflatten(per_leaf))
 
     def state_specs(self, params, param_specs):
@@ -337,7 +352,10 @@ class ScaleByKron(AbstractTransform):
         if not self.momentum_into_precond_update:
             inputs = [(m, g.astype(dtype)) for (m,), g in zip(inputs, grads)]
         specs = specs_of(state.momentum, params)
-        leaves = [LeafUnits(x, u, spec) for x, u, spec in zip(inputs, units, specs)]
+        leaves = [
+            None if kind is None else LeafUnits(x, u, spec)
+            for x, u, spec, kind in zip(inputs, units, specs, stacks.leaf_kinds)
+        ]
         # The probes' keys, one per parameter, and whether its unit is turned (the probe is
         # drawn in the parameter's own layout wherever it is preconditioned).
         probe_keys = jax.random.split(probe_key, len(grads))
@@ -361,7 +379,12 @@ class ScaleByKron(AbstractTransform):
             return out, factors
 
         done, Qs = run_per_unit(work, stacks, leaves, state.Qs, mesh, extras=extras)
-        new_updates = [y.astype(update_dtype(g.dtype, self.mu_dtype)) for (y,), g in zip(done, grads)]
+        new_updates = [
+            jnp.zeros(g.shape, update_dtype(g.dtype, self.mu_dtype))
+            if out is None
+            else out[0].astype(update_dtype(g.dtype, self.mu_dtype))
+            for out, g in zip(done, grads)
+        ]
         momentum = store(momentum, self.mu_dtype)
         new_state = ScaleByKronState(count=count, momentum=momentum, Qs=tuple(Qs), key=key)
         return treedef.unflatten(new_updates), new_state
@@ -372,7 +395,9 @@ class ScaleByKron(AbstractTransform):
         probe = jax.random.normal(key, fitted.shape, fitted.dtype)
         if turned is not None and fitted.ndim == 2 and fitted.shape[0] != fitted.shape[1]:
             probe = jnp.where(turned, jax.random.normal(key, fitted.shape[::-1], fitted.dtype).T, probe)
-        damped = fitted + (DAMPING * jnp.mean(jnp.abs(fitted))).astype(fitted.dtype) * probe
+        scale = overflow_scale(fitted)  # 1 but for huge entries, whose mean would overflow
+        mean = jnp.mean(jnp.abs(fitted * scale)) / scale
+        damped = fitted + (DAMPING * mean).astype(fitted.dtype) * probe
         return update_factors(balanced(q, balance), damped, probe, self.precond_lr, jnp.finfo(fitted.dtype).tiny)
 
 
@@ -438,6 +463,10 @@ def update_factors(Qs: tuple, G: jax.Array, V: jax.Array, lr: Any, tiny: Any) ->
         else:
             A = _along(A, axis, lambda u, q=q: q @ u)
             conj_B = _along(conj_B, axis, lambda u, q=q: jax.scipy.linalg.solve_triangular(q, u, trans="T", lower=False))
+    # A and B scaled alike by a power of two (1 but for huge entries): each factor's step is
+    # a ratio of their Gram matrices, the same, and the Gram matrices stay finite.
+    scale = jnp.minimum(overflow_scale(A), overflow_scale(conj_B))
+    A, conj_B = A * scale, conj_B * scale
     new = []
     for axis, q in enumerate(Qs):
         diagonal = q.ndim == 1
@@ -471,6 +500,7 @@ def precondition(Qs: tuple, G: jax.Array) -> jax.Array:
 
 
 def clip_rms(update: jax.Array) -> jax.Array:
-    """`update * min(1, 1.1 / (rms(update) + 1e-12))`."""
-    rms = jnp.sqrt(jnp.mean(update * update))
+    """`update * min(1, 1.1 / (rms(update) + 1e-12))` (the RMS of huge entries without overflow)."""
+    scale = overflow_scale(update)
+    rms = jnp.sqrt(jnp.mean(jnp.square(update * scale))) / scale
     return update * jnp.minimum(1.0, RMS_CLIP / (rms + RMS_EPS))

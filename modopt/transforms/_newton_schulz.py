@@ -22,6 +22,7 @@ from .._base import AbstractTransform, init_empty_state
 from .._checks import prefix_difference
 from .._fields import StaticTree, as_static_tree, hyperparameter, static
 from .._fields import Scalar
+from .._numerics import overflow_scale
 from ..sharding._owners import LeafUnits, UnitMap, UnitStacks, current_mesh, matrix_map, run_per_unit
 
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
@@ -212,6 +213,9 @@ def newton_schulz(
     transposed = x.shape[0] > x.shape[1]
     if transposed:  # the iteration commutes with transposition; X X^H is the smaller Gram matrix
         x = x.T
+    # Every preconditioning divides by a norm, so a power of two scales nothing but huge
+    # entries (beyond 2**16 in float32), whose squares would overflow: by exactly 1 otherwise.
+    x = x * overflow_scale(x, bound=jnp.finfo(x.dtype).maxexp // 8)
     if preconditioning == "frobenius":
         x = x / (jnp.linalg.norm(x, ord="fro") + eps)
     elif preconditioning == "spectral":
@@ -362,7 +366,8 @@ class ScaleByShape(AbstractTransform):
         for u, axes in zip(flat, matrix_axes_per_leaf(self.weight_dimension_numbers, updates, self.owner)):
             fan_in, fan_out = fans(u.shape, axes)
             if self.consistent_rms is None:
-                scale = jnp.sqrt(jnp.maximum(1, fan_out / fan_in))
+                # A matrix without columns has an empty update: any factor serves.
+                scale = jnp.sqrt(jnp.maximum(1, fan_out / fan_in if fan_in else 1))
             else:
                 scale = jnp.sqrt(jnp.maximum(fan_in, fan_out)) * self.consistent_rms
             scaled.append(scale * u)

@@ -25,7 +25,7 @@ from .._fields import (
 )
 from .._fields import Scalar
 from .._moments import init_state, update_dtype, widen
-from .._numerics import safe_increment
+from .._numerics import overflow_exponent, safe_increment, scaled_norm
 from .._specs import OWNED, REPLICATED
 from .._specs import padded as spec_entries
 from ..linalg import matrix_inverse_pth_root
@@ -48,6 +48,9 @@ _DIAGONAL_GRAFTS = ("adagrad", "rmsprop", "rmsprop_normalized", "adagrad_normali
 _TINY = 1e-25  # keeps norms' quotients finite (the reference's constant)
 _RETRIES = 5  # restarts of an inverse root with 10x the damping while its error exceeds 0.05
 _RETRY_ERROR = 0.05
+# Gradients' entries are brought within 2**16 before their products are summed into statistics
+# (which the roots square again): see `ScaleByShampoo._statistics`.
+_BOUND = 16
 
 
 def as_graft_type(value: Any) -> Any:
@@ -170,6 +173,9 @@ class ScaleByShampooState(NamedTuple):
         other graft types.
     diagonal_momentum: the momentum of the grafting updates, like the params (in `mu_dtype` if set).
     momentum: the momentum of the Shampoo updates, like the params (in `mu_dtype` if set).
+    log2_scales: per stack of `statistics`, an int32 array `(n,)`: each block's statistics
+        are stored divided by `2**log2_scale` (an even number, 0 unless a gradient's entries
+        exceeded `2**16`: squared, they would overflow float32; see `ScaleByShampoo`).
     """
 
     count: jax.Array
@@ -178,6 +184,7 @@ class ScaleByShampooState(NamedTuple):
     diagonal_statistics: Any
     diagonal_momentum: Any
     momentum: Any
+    log2_scales: Any
 
 
 class ScaleByShampoo(AbstractTransform):
@@ -207,6 +214,19 @@ class ScaleByShampoo(AbstractTransform):
     and the update is `m_S` from step `start_preconditioning_step` on and `m_D` before
     (with `nesterov`: `w S + beta1 m_S`, resp. `w D + beta1 m_D`). Scalars and parameters with a
     dimension above `skip_preconditioning_dim_size_gt` take the grafting update.
+
+    Huge gradients: a statistic sums products of the gradient's entries, which overflow
+    float32 beyond about `1e19`. Each block's statistics are kept with a power-of-two scale
+    (the state's `log2_scales`, 0 for ordinary gradients): where a gradient block's entries
+    exceed `2**16`, the block and its stored statistics are scaled down by a power of two
+    before the products are summed, and the inverse roots (of the statistics the scale stands
+    for) scaled back. The statistics stay finite, the numbers of ordinary gradients are
+    unchanged (a scale of 1 changes no bit), and the update for gradients `c * g` is that for
+    `g` times `c` with SGD grafting (`||D||` scales, `S`'s direction does not), or the same with
+    normalized and `sqrt_n` grafting, up to the damping `matrix_epsilon` and rounding. The
+    norms of the grafting use a scaled copy too. Adagrad and RMSProp grafting keep squares of
+    the gradient per entry, as Adam's second moment: beyond about `1e19` those overflow to
+    `inf` and the update becomes 0, as Adam's does.
 
     Statistics and preconditioners are float32; the grafting state and momenta have the
     params' dtype. Sharding rule (`state_specs`), the owner scheme of `modopt.sharding`: every
@@ -384,6 +404,7 @@ class ScaleByShampoo(AbstractTransform):
 
         statistics = stacks.stack([blocks(lay, flip, True) for lay, flip in zip(layouts, flips)])
         preconditioners = stacks.stack([blocks(lay, flip, False) for lay, flip in zip(layouts, flips)])
+        scales = stacks.stack([None if lay is None else jnp.zeros((lay.blocks,), jnp.int32) for lay in layouts])
         diagonal = None
         if self.graft_type in _DIAGONAL_GRAFTS:
             diagonal = init_state(params, self.nu_dtype)
@@ -394,6 +415,7 @@ class ScaleByShampoo(AbstractTransform):
             diagonal_statistics=diagonal,
             diagonal_momentum=init_state(params, self.mu_dtype),
             momentum=init_state(params, self.mu_dtype),
+            log2_scales=tuple(scales),
         )
 
     def unstacked(self, state: ScaleByShampooState) -> ScaleByShampooState:
@@ -411,8 +433,11 @@ class ScaleByShampoo(AbstractTransform):
                 [() if row is None else tuple(row[::-1] if flip else row) for row, flip in zip(rows, flips)]
             )
 
+        scales = [None if row is None else row for row in stacks.unstack(state.log2_scales)]
         return state._replace(
-            statistics=per_parameter(state.statistics), preconditioners=per_parameter(state.preconditioners)
+            statistics=per_parameter(state.statistics),
+            preconditioners=per_parameter(state.preconditioners),
+            log2_scales=treedef.unflatten(scales),
         )
 
     def state_specs(self, params, param_specs):
@@ -426,6 +451,7 @@ class ScaleByShampoo(AbstractTransform):
             diagonal_statistics=None if shapes.diagonal_statistics is None else param_specs,
             diagonal_momentum=param_specs,
             momentum=param_specs,
+            log2_scales=owned(shapes.log2_scales),
         )
 
     # -- update ---------------------------------------------------------------------------------
@@ -450,7 +476,7 @@ class ScaleByShampoo(AbstractTransform):
         diagonal = [None] * len(grads)
         if state.diagonal_statistics is not None:
             diagonal = treedef.flatten_up_to(state.diagonal_statistics)
-        preconditioned, statistics, preconditioners = self._blocks(grads, state, params)
+        preconditioned, statistics, preconditioners, scales = self._blocks(grads, state, params)
 
         out = []
         for i, g in enumerate(grads):
@@ -478,15 +504,16 @@ class ScaleByShampoo(AbstractTransform):
             diagonal_statistics=None if state.diagonal_statistics is None else new_diagonal,
             diagonal_momentum=new_diagonal_momentum,
             momentum=new_momentum,
+            log2_scales=scales,
         )
 
     def _blocks(self, grads, state, params):
         """Per parameter, the Shampoo direction (`None` where it is not preconditioned or has no
-        update), and the new stacked statistics and preconditioners: the blocks' work, on their
-        owners on a mesh (`modopt.sharding.run_per_unit`)."""
+        update), and the new stacked statistics, preconditioners and scales: the blocks' work, on
+        their owners on a mesh (`modopt.sharding.run_per_unit`)."""
         layouts, flips, stacks = self._units(state.momentum)
         if not len(stacks):
-            return [None] * len(grads), state.statistics, state.preconditioners
+            return [None] * len(grads), state.statistics, state.preconditioners, state.log2_scales
         mesh = current_mesh()
         shapes = [jnp.shape(m) for m in jax.tree_util.tree_leaves(state.momentum)]
         specs = specs_of(state.momentum, params)  # the state's layout: with ZeRO-1, split further
@@ -519,17 +546,18 @@ class ScaleByShampoo(AbstractTransform):
             turn = lambda t, flip: tuple(t[::-1]) if flip else tuple(t)  # noqa: E731
             blocks = [x.reshape(x.shape[0], *turn(k.sizes, f)) for k, (x, _), f in zip(kinds, pieces, own)]
             extra = [e for _, e in pieces]
-            stats = [turn(s, f) for (s, _), f in zip(states, own)]
-            old = [turn(p, f) for (_, p), f in zip(states, own)]
+            stats = [turn(s, f) for (s, _, _), f in zip(states, own)]
+            old = [turn(p, f) for (_, p, _), f in zip(states, own)]
+            scales = [e for _, _, e in states]
             padded = [turn(kind.padded, f) for kind, f in zip(kinds, own)]
-            stats = self._statistics(blocks, stats, extra, state.count)
+            stats, scales = self._statistics(blocks, stats, scales, extra, state.count)
             precs = self._preconditioners(
-                stats, old, padded, [k.exponent for k in kinds], extra, state.count, mesh
+                stats, scales, old, padded, [k.exponent for k in kinds], extra, state.count, mesh
             )
             outs = [(_precondition(b, p).reshape(x.shape),) for b, p, (x, _) in zip(blocks, precs, pieces)]
-            return outs, [(turn(s, f), turn(p, f)) for s, p, f in zip(stats, precs, own)]
+            return outs, [(turn(s, f), turn(p, f), e) for s, p, e, f in zip(stats, precs, scales, own)]
 
-        stacked = list(zip(state.statistics, state.preconditioners))
+        stacked = list(zip(state.statistics, state.preconditioners, state.log2_scales))
         done, new = run_per_unit(work, stacks, leaves, stacked, mesh, extras=extras)
         preconditioned = [
             None
@@ -539,22 +567,35 @@ class ScaleByShampoo(AbstractTransform):
             else jax.lax.with_sharding_constraint(d[0], b)
             for d, g, b in zip(done, grads, back)
         ]
-        return preconditioned, tuple(s for s, _ in new), tuple(p for _, p in new)
+        return preconditioned, *(tuple(x[i] for x in new) for i in range(3))
 
-    def _statistics(self, blocks, statistics, extras, count):
-        """The statistics after this step's gradients (every `statistics_compute_steps` steps)."""
+    def _statistics(self, blocks, statistics, scales, extras, count):
+        """The statistics after this step's gradients (every `statistics_compute_steps` steps),
+        and their scales.
+
+        Each block's statistics are stored divided by `2**e` (`e` even, per block): where the
+        gradient's entries exceed `2**16`, `e` grows to what brings them within it (the stored
+        statistics shrink alike), so that the products summed, and their squares in the roots'
+        norms, stay finite. A power of two scales exactly: with `e = 0` (every ordinary
+        gradient) every number is the unscaled one."""
         beta2 = self.beta2
         w2 = jnp.where(jnp.asarray(beta2) == 1.0, 1.0, 1 - beta2)
         due = count % self.statistics_compute_steps == 0
-        new = []
-        for x, stats, extra in zip(blocks, statistics, extras):
-            fresh = tuple(jnp.where(due, beta2 * s + w2 * _gram(x, j), s) for j, s in enumerate(stats))
+        new, new_scales = [], []
+        for x, stats, e, extra in zip(blocks, statistics, scales, extras):
+            e_new = jnp.maximum(e, 2 * overflow_exponent(x, 1, _BOUND))
+            shrink = jnp.ldexp(jnp.ones((), jnp.float32), e - e_new)[:, None, None]  # the old statistics'
+            x = x * jnp.ldexp(jnp.ones((), jnp.float32), -(e_new // 2)).reshape(-1, *(1,) * (x.ndim - 1))
+            fresh = tuple(jnp.where(due, beta2 * (s * shrink) + w2 * _gram(x, j), s) for j, s in enumerate(stats))
+            e_fresh = jnp.where(due, e_new, e)
             if len(extra) > 1:  # blocks without an update keep theirs
                 fresh = tuple(jnp.where(extra[1][:, None, None], f, s) for f, s in zip(fresh, stats))
+                e_fresh = jnp.where(extra[1], e_fresh, e)
             new.append(fresh)
-        return new
+            new_scales.append(e_fresh)
+        return new, new_scales
 
-    def _preconditioners(self, statistics, preconditioners, padded, exponents, extras, count, mesh):
+    def _preconditioners(self, statistics, scales, preconditioners, padded, exponents, extras, count, mesh):
         """The preconditioners, recomputed every `preconditioning_compute_steps` steps (all of
         them under one `lax.cond`).
 
@@ -571,20 +612,21 @@ class ScaleByShampoo(AbstractTransform):
         keys = list(groups)
         stacked = [_concatenate([statistics[i][j] for i, j in groups[k]]) for k in keys]
         old = [_concatenate([preconditioners[i][j] for i, j in groups[k]]) for k in keys]
+        log2_scales = [_concatenate([scales[i] for i, _ in groups[k]]) for k in keys]
         valid = [_concatenate([extras[i][0][:, j] for i, j in groups[k]]) for k in keys]
         active = [
             _concatenate([extras[i][1] for i, _ in groups[k]]) if len(extras[0]) > 1 else None for k in keys
         ]
         masked = [any(padded[i][j] for i, j in groups[k]) for k in keys]
 
-        def compute(stacked, old):
+        def compute(stacked, old, log2_scales):
             new = []
-            for stats, previous, sizes, keep, pad, i in zip(
-                stacked, old, valid, active, masked, groups.values()
+            for stats, previous, e, sizes, keep, pad, i in zip(
+                stacked, old, log2_scales, valid, active, masked, groups.values()
             ):
                 p = exponents[i[0][0]]
-                roots, errors = jax.vmap(lambda m, n, p=p, pad=pad: self._root(m, p, n if pad else None))(
-                    stats, jnp.asarray(sizes)
+                roots, errors = jax.vmap(lambda m, e, n, p=p, pad=pad: self._root(m, e, p, n if pad else None))(
+                    stats, e, jnp.asarray(sizes)
                 )
                 failed = jnp.isnan(errors) | (errors >= self.inverse_failure_threshold)
                 if keep is not None:
@@ -593,7 +635,7 @@ class ScaleByShampoo(AbstractTransform):
             return new
 
         due = count % self.preconditioning_compute_steps == 0
-        new = jax.lax.cond(due, compute, lambda _, old: old, stacked, old)
+        new = jax.lax.cond(due, compute, lambda _, old, __: old, stacked, old, log2_scales)
         result = [list(p) for p in preconditioners]
         for k, stack in zip(keys, new):
             start = 0
@@ -603,17 +645,25 @@ class ScaleByShampoo(AbstractTransform):
                 start += n
         return [tuple(p) for p in result]
 
-    def _root(self, matrix, p, padding_start):
-        return matrix_inverse_pth_root(
+    def _root(self, matrix, log2_scale, p, padding_start):
+        """The inverse `p`-th root of the statistic `matrix * 2**log2_scale`: the root of `matrix`
+        times `2**(-log2_scale / p)` (an absolute damping scaled alike), exactly the root itself
+        for `log2_scale = 0`."""
+        ridge = self.matrix_epsilon
+        if not self.relative_matrix_epsilon:
+            ridge = ridge * jnp.ldexp(jnp.ones((), jnp.float32), -log2_scale)
+        root, error = matrix_inverse_pth_root(
             matrix,
             p,
-            ridge_epsilon=self.matrix_epsilon,
+            ridge_epsilon=ridge,
             precision=self.precision,
             padding_start=padding_start,
             relative_epsilon=self.relative_matrix_epsilon,
             max_retries=_RETRIES,
             retry_error_threshold=_RETRY_ERROR,
         )
+        factor = jnp.where(log2_scale == 0, 1.0, jnp.exp2(-log2_scale.astype(jnp.float32) / p))
+        return root * factor.astype(root.dtype), error
 
     def _one(self, g, precond, param, diagonal, diagonal_momentum, momentum, count):
         """One parameter's update and new grafting state and momenta (the stored state read at
@@ -630,7 +680,7 @@ class ScaleByShampoo(AbstractTransform):
         if self.graft_type == "none":
             shampoo = precond
         else:
-            shampoo = precond * (jnp.linalg.norm(graft) / (jnp.linalg.norm(precond) + _TINY))
+            shampoo = precond * (scaled_norm(graft) / (scaled_norm(precond) + _TINY))
         if param is not None:
             shampoo = shampoo + self.weight_decay * param
             graft = graft + self.weight_decay * param
@@ -656,7 +706,7 @@ class ScaleByShampoo(AbstractTransform):
             return g, None
         if kind == "sqrt_n":
             return jnp.sign(g), None
-        scaled = g / (jnp.linalg.norm(g) + _TINY) if kind.endswith("_normalized") else g
+        scaled = g / (scaled_norm(g) + _TINY) if kind.endswith("_normalized") else g
         if kind.startswith("adagrad"):
             new_diagonal = diagonal + jnp.square(scaled)
         else:
@@ -665,7 +715,7 @@ class ScaleByShampoo(AbstractTransform):
             new_diagonal = beta2 * diagonal + w2 * jnp.square(scaled)
         update = scaled / (jnp.sqrt(new_diagonal) + self.diagonal_epsilon)
         if kind.startswith("rmsprop") and self.clip_by_scaled_gradient_norm is not None:
-            rms = jnp.linalg.norm(update) / jnp.sqrt(float(update.size))
+            rms = scaled_norm(update) / jnp.sqrt(float(update.size))
             update = update / jnp.maximum(1.0, rms / self.clip_by_scaled_gradient_norm)
         return update, new_diagonal
 

@@ -123,10 +123,11 @@ def _zero_accumulators(p: Any, dtype: Any = None) -> list[jax.Array]:
 
 
 def _reduce_to_accumulators(v: jax.Array) -> list[jax.Array]:
-    """Each dimension's accumulator: the maximum of `v` over all the other dimensions."""
+    """Each dimension's accumulator: the maximum of `v` over all the other dimensions (0 over
+    none, for a parameter without elements: `v` is non-negative, so 0 changes no maximum)."""
     if v.ndim < 2:
         return [v]
-    return [jnp.max(v, axis=tuple(j for j in range(v.ndim) if j != i)) for i in range(v.ndim)]
+    return [jnp.max(v, axis=tuple(j for j in range(v.ndim) if j != i), initial=0) for i in range(v.ndim)]
 
 
 def _accumulator_specs(ndim: int, spec: PartitionSpec) -> list[PartitionSpec]:

@@ -15,7 +15,7 @@ from .. import fields
 from .._base import AbstractTransform
 from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
 from .._moments import state_dtype_for, update_dtype, update_moment, widen
-from .._numerics import safe_increment
+from .._numerics import overflow_exponent, safe_increment
 from .._specs import OWNED, REPLICATED
 from ..sharding._owners import (
     LeafUnits,
@@ -34,6 +34,9 @@ DATA_FORMATS = ("channels_first", "channels_last")
 _CHANNELS_FIRST = (0, 3, 1, 2)  # a channels-last 4-D leaf's axes in channels-first order
 _CHANNELS_LAST = (0, 2, 3, 1)  # the inverse permutation
 _RIDGE = 1e-30  # added to a statistic's diagonal before its first eigendecomposition (as the reference)
+# Gradients' entries are brought within 2**16 before their squares and products are summed into
+# `nu` and the statistics (which the eigendecompositions square again): see `ScaleBySoap`.
+_BOUND = 16
 
 
 class ScaleBySoapState(NamedTuple):
@@ -51,14 +54,18 @@ class ScaleBySoapState(NamedTuple):
     vector's without `precondition_1d`). A parameter whose layout is a matrix taller than
     wide is stored transposed: its moments `(n, cols, rows)`, its statistics and bases in
     the order (columns, rows). `ScaleBySoap.unstacked` gives the state per parameter, in the
-    parameter's shape and order. A parameter without elements stores nothing.
+    parameter's shape and order. A parameter without elements stores nothing. `log2_scales`
+    holds per stack an int32 array `(n,)`: each parameter's `nu` and statistics are stored
+    divided by `2**log2_scale` (an even number, 0 unless a gradient's entries exceeded `2**16`;
+    see `ScaleBySoap`).
     """
 
     count: jax.Array  # int32 scalar: updates taken; the first only gathers statistics
     mu: Any  # per stack: the first moment, in the eigenbasis (in `mu_dtype` if set)
-    nu: Any  # per stack: the second moment, in the eigenbasis (in `nu_dtype` if set)
-    statistics: Any  # per stack: a tuple of EMAs of G G^T contracted over the other dimensions
+    nu: Any  # per stack: the second moment, in the eigenbasis (in `nu_dtype` if set), over 2**log2_scale
+    statistics: Any  # per stack: a tuple of EMAs of G G^T contracted over the other dimensions, over 2**log2_scale
     eigenbases: Any  # per stack: a tuple of orthogonal matrices (columns: estimated eigenvectors)
+    log2_scales: Any  # per stack: int32 (n,), the power of two `nu` and the statistics are divided by
 
 
 class _Kind(NamedTuple):
@@ -145,6 +152,15 @@ class ScaleBySoap(AbstractTransform):
     branch index to the host to pick the branch, a small synchronisation per step (not
     measured here). Under `jax.vmap` (a batch of optimizers) the switch becomes a select that
     runs all three branches every step.
+
+    Huge gradients: `v` and the statistics sum squares and products of the gradient's
+    entries, which overflow float32 beyond about `1e19`. Each parameter's `v` and statistics
+    are kept with a power-of-two scale (the state's `log2_scales`, 0 for ordinary gradients):
+    where a gradient's entries exceed `2**16`, the scale grows to bring them within it, the
+    stored `v` and statistics shrink alike, and `sqrt(v)` is scaled back. They stay finite,
+    the numbers of ordinary gradients are unchanged (a scale of 1 changes no bit), and, Adam
+    being scale-invariant, the update for gradients `c * g` is the update for `g` (up to
+    `eps` and rounding).
 
     The eigendecomposition and QR run in float32 at least; statistics (computed from the
     gradient widened to float32) and bases are kept in float32 at least (as the authors'
@@ -283,10 +299,15 @@ class ScaleBySoap(AbstractTransform):
                 for _ in range(2)
             ]
             fields.append(
-                (jnp.zeros((n, *kind.shape), mu_dtype), jnp.zeros((n, *kind.shape), nu_dtype), *matrices)
+                (
+                    jnp.zeros((n, *kind.shape), mu_dtype),
+                    jnp.zeros((n, *kind.shape), nu_dtype),
+                    *matrices,
+                    jnp.zeros((n,), jnp.int32),
+                )
             )
-        mu, nu, statistics, bases = (tuple(column) for column in zip(*fields)) if fields else ((),) * 4
-        return ScaleBySoapState(jnp.zeros([], jnp.int32), mu, nu, statistics, bases)
+        columns = (tuple(column) for column in zip(*fields)) if fields else ((),) * 5
+        return ScaleBySoapState(jnp.zeros([], jnp.int32), *columns)
 
     def unstacked(self, state: ScaleBySoapState, params: Any) -> ScaleBySoapState:
         """`state` per parameter (for inspection and tests; `update` takes the stacked state):
@@ -303,22 +324,21 @@ class ScaleBySoap(AbstractTransform):
         leaves, treedef = jax.tree_util.tree_flatten(params)
         dtypes = [jnp.result_type(p) for p in leaves]
         layouts, flips, stacks = self._units(leaves, dtypes)
-        rows = stacks.unstack(list(zip(state.mu, state.nu, state.statistics, state.eigenbases)))
+        rows = stacks.unstack(list(zip(state.mu, state.nu, state.statistics, state.eigenbases, state.log2_scales)))
         per_leaf = []
         for p, dtype, lay, flip, row in zip(leaves, dtypes, layouts, flips, rows):
             if row is None:
                 mu_dtype, nu_dtype, _ = self._kind(lay, flip, dtype).dtypes
                 nones = (None,) * len(lay.shape)
-                per_leaf.append(
-                    (jnp.zeros(jnp.shape(p), mu_dtype), jnp.zeros(jnp.shape(p), nu_dtype), nones, nones)
-                )
+                zeros = (jnp.zeros(jnp.shape(p), mu_dtype), jnp.zeros(jnp.shape(p), nu_dtype))
+                per_leaf.append((*zeros, nones, nones, jnp.zeros((), jnp.int32)))
                 continue
             units = _unit_map(jnp.shape(p), lay, swap=flip)  # stored in the kind's orientation
-            mu, nu, statistics, bases = row
+            mu, nu, statistics, bases, scale = row
             in_order = (lambda x: x[::-1]) if flip else (lambda x: x)
             matrices = [tuple(None if s is None else s[0] for s in in_order(m)) for m in (statistics, bases)]
-            per_leaf.append((units.from_units(mu), units.from_units(nu), *matrices))
-        columns = [treedef.unflatten([leaf[i] for leaf in per_leaf]) for i in range(4)]
+            per_leaf.append((units.from_units(mu), units.from_units(nu), *matrices, scale[0]))
+        columns = [treedef.unflatten([leaf[i] for leaf in per_leaf]) for i in range(5)]
         return ScaleBySoapState(state.count, *columns)
 
     def state_specs(self, params: Any, param_specs: Any) -> Any:
@@ -334,7 +354,12 @@ class ScaleBySoap(AbstractTransform):
         state = jax.eval_shape(self.init, params)
         owned = lambda tree: jax.tree_util.tree_map(lambda _: OWNED, tree)  # noqa: E731
         return ScaleBySoapState(
-            REPLICATED, owned(state.mu), owned(state.nu), owned(state.statistics), owned(state.eigenbases)
+            REPLICATED,
+            owned(state.mu),
+            owned(state.nu),
+            owned(state.statistics),
+            owned(state.eigenbases),
+            owned(state.log2_scales),
         )
 
     def update(self, updates, state, params=None, **extra_args):
@@ -395,7 +420,7 @@ class ScaleBySoap(AbstractTransform):
                 results = [own.from_work(r) for own, r in zip(owns, results)]
             return [(y,) for y, *_ in results], [tuple(rows) for _, *rows in results]
 
-        per_stack = list(zip(state.mu, state.nu, state.statistics, state.eigenbases))
+        per_stack = list(zip(state.mu, state.nu, state.statistics, state.eigenbases, state.log2_scales))
         turned = [None if kind is None else jnp.asarray([flip]) for kind, flip in zip(stacks.leaf_kinds, flips)]
         done, new_stacks = run_per_unit(work, stacks, leaves, per_stack, mesh, extras=turned if mesh is not None else None)
         out_dtypes = [update_dtype(g.dtype, self.mu_dtype, self.nu_dtype) for g in grads]
@@ -403,7 +428,7 @@ class ScaleBySoap(AbstractTransform):
             jnp.zeros(g.shape, dtype) if out is None else out[0].astype(dtype)
             for g, out, dtype in zip(grads, done, out_dtypes)
         ]
-        columns = (tuple(column) for column in zip(*new_stacks)) if new_stacks else ((),) * 4
+        columns = (tuple(column) for column in zip(*new_stacks)) if new_stacks else ((),) * 5
         return treedef.unflatten(new_updates), ScaleBySoapState(safe_increment(count), *columns)
 
     def _decay(self):
@@ -438,34 +463,52 @@ class ScaleBySoap(AbstractTransform):
             new.append(update_moment(outer, s, self._decay(), 1))
         return tuple(new)
 
-    def _first_step(self, lay, g, mu, nu, stats, bases, *, turned=None):
-        """Statistics from the first gradient, bases by eigendecomposition, a zero update."""
-        stats = self._statistics(lay, g, stats, turned)
-        bases = tuple(None if s is None else _eigenvectors(s).astype(q.dtype) for s, q in zip(stats, bases))
-        return [jnp.zeros(g.shape, update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)), mu, nu, stats, bases]
+    def _rescaled(self, g, scale, stats):
+        """The new scale (`ScaleBySoapState.log2_scales`) for the gradient `g`: the old one, or
+        what brings `g`'s entries within `2**_BOUND` if larger; the factor that scales `g` (and
+        its rotation) so that its squares come out divided by it; and the statistics, stored
+        divided by the old scale, divided by the new one. All 1 and unchanged for ordinary
+        gradients: a power of two scales exactly."""
+        new = jnp.maximum(scale, 2 * overflow_exponent(g, 0, _BOUND))
+        one = jnp.ones((), jnp.float32)
+        shrink = jnp.ldexp(one, scale - new)
+        stats = tuple(None if s is None else s * shrink.astype(s.dtype) for s in stats)
+        return new, jnp.ldexp(one, -(new // 2)), stats
 
-    def _adam_step(self, lay, g, mu, nu, stats, bases, *, count, refresh, turned=None):
+    def _first_step(self, lay, g, mu, nu, stats, bases, scale, *, turned=None):
+        """Statistics from the first gradient, bases by eigendecomposition, a zero update."""
+        scale, factor, stats = self._rescaled(g, scale, stats)
+        stats = self._statistics(lay, g * factor.astype(g.dtype), stats, turned)
+        bases = tuple(None if s is None else _eigenvectors(s).astype(q.dtype) for s, q in zip(stats, bases))
+        return [jnp.zeros(g.shape, update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)), mu, nu, stats, bases, scale]
+
+    def _adam_step(self, lay, g, mu, nu, stats, bases, scale, *, count, refresh, turned=None):
         """Adam in the eigenbasis; the statistics' update; with `refresh`, the bases' one. The
         moments are read and updated at their accumulation precision (`widen`) and returned in
-        their stored dtypes, the update in `update_dtype`."""
+        their stored dtypes, the update in `update_dtype`. `nu` and the statistics are kept
+        divided by `2**scale` (`_rescaled`)."""
         stored_mu, stored_nu = mu.dtype, nu.dtype
         mu, nu = widen(mu, self.mu_dtype), widen(nu, self.nu_dtype)
+        old_scale = scale
+        scale, factor, stats = self._rescaled(g, scale, stats)
+        nu = nu * jnp.ldexp(jnp.ones((), jnp.float32), old_scale - scale).astype(nu.dtype)
         rotated = _rotate(g, lay, bases, back=False)
         mu = update_moment(rotated.astype(mu.dtype), mu, self.b1, 1)
-        nu = update_moment(rotated.astype(nu.dtype), nu, self.b2, 2)
-        direction = _rotate(mu / (jnp.sqrt(nu) + self.eps), lay, bases, back=True)
+        nu = update_moment((rotated * factor.astype(rotated.dtype)).astype(nu.dtype), nu, self.b2, 2)
+        root = jnp.sqrt(nu) * jnp.ldexp(jnp.ones((), jnp.float32), scale // 2).astype(nu.dtype)
+        direction = _rotate(mu / (root + self.eps), lay, bases, back=True)
         if self.normalize_grads:
             direction = direction / (1e-30 + jnp.sqrt(jnp.mean(jnp.square(direction))))
         if self.correct_bias:
             t = count.astype(jnp.float32)
             direction = direction * (jnp.sqrt(1 - self.b2**t) / (1 - self.b1**t)).astype(direction.dtype)
-        stats = self._statistics(lay, g, stats, turned)
+        stats = self._statistics(lay, g * factor.astype(g.dtype), stats, turned)
         if refresh and any(lay.rotated):
             old = bases
             bases, nu = _power_qr(stats, bases, nu, lay)
             mu = _rotate(_rotate(mu, lay, old, back=True), lay, bases, back=False).astype(mu.dtype)
         direction = direction.astype(update_dtype(g.dtype, self.mu_dtype, self.nu_dtype))
-        return [direction, mu.astype(stored_mu), nu.astype(stored_nu), stats, bases]
+        return [direction, mu.astype(stored_mu), nu.astype(stored_nu), stats, bases, scale]
 
 
 def _matrix_dtype(dtype: Any) -> Any:
@@ -534,14 +577,14 @@ class _Own(NamedTuple):
         return _unit_map(self.shape, self.lay, flip), flip
 
     def to_work(self, arrays: tuple) -> tuple:
-        (units, flip), (g, mu, nu, stats, bases) = self._stored(), arrays
+        (units, flip), (g, mu, nu, stats, bases, scale) = self._stored(), arrays
         matrices = [jax.tree_util.tree_map(lambda x: x[0], m[::-1] if flip else m) for m in (stats, bases)]
-        return (g[0], units.from_units(mu), units.from_units(nu), *matrices)
+        return (g[0], units.from_units(mu), units.from_units(nu), *matrices, scale[0])
 
     def from_work(self, arrays: list) -> list:
-        (units, flip), (y, mu, nu, stats, bases) = self._stored(), arrays
+        (units, flip), (y, mu, nu, stats, bases, scale) = self._stored(), arrays
         matrices = [jax.tree_util.tree_map(lambda x: x[None], m[::-1] if flip else m) for m in (stats, bases)]
-        return [y[None], units.to_units(mu), units.to_units(nu), *matrices]
+        return [y[None], units.to_units(mu), units.to_units(nu), *matrices, scale[None]]
 
 
 def _flipped(lay: _Layout) -> bool:

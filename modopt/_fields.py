@@ -386,6 +386,9 @@ def _key_or_same(value: Any) -> Any:
 def prng_key(default: Any = dataclasses.MISSING, **kwargs: Any):
     """A PRNG-key field: a typed key leaf (from a key, raw key data or an integer seed).
 
+    Anything else (a float, a bool, signed key data or key data of another shape, a batch of
+    keys) is refused at construction with a `TypeError` naming the field and the class.
+
     Typed keys hash (see `tree_hash`), are replicated by the sharding rules and are saved by
     the Orbax integration as their key data.
 

@@ -3,7 +3,9 @@ caller's objects unchanged afterwards.
 
 Each case takes `Inputs`, the caller's objects (parameters, an Equinox model, optimizers,
 Flax states, a checkpoint directory), built on first use and snapshotted; after the error,
-every object the case used must be as it was.
+every object the case used must be as it was. `FAULTS` holds the faults whose documented
+behaviour is a result rather than an error (a weight without elements, gradients of 1e30): each
+checks that result, and the caller's objects likewise.
 """
 
 from __future__ import annotations
@@ -385,6 +387,12 @@ def _finite_like(inputs: Inputs, new_params: Any, params: str = "params") -> Non
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(new_params))
 
 
+def _moved(inputs: Inputs, new_params: Any) -> None:
+    """As `_finite_like`, and every entry of the weight `w` moved (by an orthogonalized step)."""
+    _finite_like(inputs, new_params)
+    assert bool(jnp.all(new_params["w"] != inputs.params["w"]))
+
+
 FAULTS = [
     # ---- parameters without elements (issue 39): an empty update, as Adam gives --------------
     # contrib.muon divided by a weight's zero width; kron reduced its empty factor with `max`.
@@ -392,12 +400,16 @@ FAULTS = [
     Fault("zero-size", "kron", lambda i: _step(modopt.kron(1e-3), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
     Fault("zero-size", "soap", lambda i: _step(modopt.soap(1e-3), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
     Fault("zero-size", "shampoo", lambda i: _step(modopt.shampoo(1e-3), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
+    # Found over the registry: SM3 reduced an empty axis with `max`.
+    Fault("zero-size", "sm3", lambda i: _step(modopt.sm3(0.1), i.empty_params), lambda i, r: _finite_like(i, r, "empty_params")),
     # ---- huge gradients (issue 39): statistics kept finite, not NaN parameters ---------------
     # Squares of 1e30 overflow float32; the statistics are scaled by powers of two (see
     # tests/test_huge_gradients.py for the updates' scale behaviour).
     Fault("huge gradients", "shampoo", lambda i: _step(modopt.shampoo(1e-3, start_preconditioning_step=0), i.params, i.huge_grads), _finite_like),
     Fault("huge gradients", "soap", lambda i: _step(modopt.soap(1e-3), i.params, i.huge_grads), _finite_like),
     Fault("huge gradients", "kron", lambda i: _step(modopt.kron(1e-3), i.params, i.huge_grads), _finite_like),
+    # Found alike: Newton-Schulz's norm overflowed and Muon's update was zero (no step, no error).
+    Fault("huge gradients", "contrib_muon", lambda i: _step(modopt.contrib.muon(0.02), i.params, i.huge_grads), _moved),
 ]
 
 

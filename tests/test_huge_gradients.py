@@ -9,8 +9,8 @@ optimizer's scale behaviour:
   scale of the gradients: the update for `c * g` is the update for `g`;
 - Shampoo's direction does not change with the scale (its inverse roots of `c**2 L` are
   `c**(-1/2)` times those of `L`, for two sides), and grafting sets its norm: SGD grafting's is
-  `||c g||`, so the update is `c` times the update for `g`; normalized grafting's does not
-  change;
+  `||c g||`, so the update is `c` times the update for `g`; Adagrad's, normalized and
+  `sqrt_n` grafting's do not change;
 - Muon's Newton-Schulz divides its matrix by a norm: the orthogonalized momentum for `c * g`
   is the one for `g`;
 
@@ -59,7 +59,7 @@ def _assert_updates_close(ours, expected, what, rtol=1e-4):
             np.testing.assert_allclose(u[name], e[name], rtol=rtol, atol=0.1 * rtol * top, err_msg=f"{what}: {name}, step {step}")
 
 
-@pytest.mark.parametrize("graft, power", [("sgd", 1), ("rmsprop_normalized", 0), ("sqrt_n", 0)])
+@pytest.mark.parametrize("graft, power", [("sgd", 1), ("adagrad", 0), ("rmsprop_normalized", 0), ("sqrt_n", 0)])
 def test_shampoo_follows_the_scale_of_the_gradients(graft, power):
     """Six steps (preconditioned from the fifth, when every statistic has full rank: a rank
     deficient one's null space takes the damping, whose rounding the roots amplify), a matrix
@@ -87,6 +87,9 @@ def test_shampoo_follows_the_scale_of_the_gradients(graft, power):
     _assert_updates_close([jax.tree.map(lambda u: u / C**power, u) for u in huge], ordinary, "Shampoo", 1e-3)
     assert all(int(np.max(e)) == 0 for e in ordinary_state.log2_scales)
     assert all(int(np.min(e)) > 0 for e in huge_state.log2_scales)
+    if graft == "adagrad":  # its sums of squares too: scaled only where huge
+        assert all(int(e) == 0 for e in jax.tree.leaves(ordinary_state.diagonal_log2_scales))
+        assert all(int(e) > 0 for e in jax.tree.leaves(huge_state.diagonal_log2_scales))
     # The statistics the scales stand for are C**2 times the ordinary ones (but for the initial
     # `matrix_epsilon * I`, which the huge ones make negligible).
     ours, theirs = tx.unstacked(huge_state), tx.unstacked(ordinary_state)

@@ -176,6 +176,9 @@ class ScaleByShampooState(NamedTuple):
     log2_scales: per stack of `statistics`, an int32 array `(n,)`: each block's statistics
         are stored divided by `2**log2_scale` (an even number, 0 unless a gradient's entries
         exceeded `2**16`: squared, they would overflow float32; see `ScaleByShampoo`).
+    diagonal_log2_scales: with `diagonal_statistics`, an int32 scalar per parameter: they are
+        stored divided by `2**log2_scale` (even, 0 unless the grafted gradient's entries
+        exceeded `2**32`); `None` for the other graft types.
     """
 
     count: jax.Array
@@ -185,6 +188,7 @@ class ScaleByShampooState(NamedTuple):
     diagonal_momentum: Any
     momentum: Any
     log2_scales: Any
+    diagonal_log2_scales: Any
 
 
 class ScaleByShampoo(AbstractTransform):
@@ -223,10 +227,9 @@ class ScaleByShampoo(AbstractTransform):
     for) scaled back. The statistics stay finite, the numbers of ordinary gradients are
     unchanged (a scale of 1 changes no bit), and the update for gradients `c * g` is that for
     `g` times `c` with SGD grafting (`||D||` scales, `S`'s direction does not), or the same with
-    normalized and `sqrt_n` grafting, up to the damping `matrix_epsilon` and rounding. The
-    norms of the grafting use a scaled copy too. Adagrad and RMSProp grafting keep squares of
-    the gradient per entry, as Adam's second moment: beyond about `1e19` those overflow to
-    `inf` and the update becomes 0, as Adam's does.
+    Adagrad, normalized and `sqrt_n` grafting, up to the damping `matrix_epsilon` and rounding. The
+    norms of the grafting use a scaled copy too, and Adagrad and RMSProp grafting's sums of
+    squares a power-of-two scale per parameter (`diagonal_log2_scales`).
 
     Statistics and preconditioners are float32; the grafting state and momenta have the
     params' dtype. Sharding rule (`state_specs`), the owner scheme of `modopt.sharding`: every
@@ -405,9 +408,10 @@ class ScaleByShampoo(AbstractTransform):
         statistics = stacks.stack([blocks(lay, flip, True) for lay, flip in zip(layouts, flips)])
         preconditioners = stacks.stack([blocks(lay, flip, False) for lay, flip in zip(layouts, flips)])
         scales = stacks.stack([None if lay is None else jnp.zeros((lay.blocks,), jnp.int32) for lay in layouts])
-        diagonal = None
+        diagonal = diagonal_scales = None
         if self.graft_type in _DIAGONAL_GRAFTS:
             diagonal = init_state(params, self.nu_dtype)
+            diagonal_scales = jax.tree_util.tree_map(lambda _: jnp.zeros((), jnp.int32), params)
         return ScaleByShampooState(
             count=jnp.zeros([], jnp.int32),
             statistics=tuple(statistics),
@@ -416,6 +420,7 @@ class ScaleByShampoo(AbstractTransform):
             diagonal_momentum=init_state(params, self.mu_dtype),
             momentum=init_state(params, self.mu_dtype),
             log2_scales=tuple(scales),
+            diagonal_log2_scales=diagonal_scales,
         )
 
     def unstacked(self, state: ScaleByShampooState) -> ScaleByShampooState:
@@ -452,6 +457,7 @@ class ScaleByShampoo(AbstractTransform):
             diagonal_momentum=param_specs,
             momentum=param_specs,
             log2_scales=owned(shapes.log2_scales),
+            diagonal_log2_scales=jax.tree_util.tree_map(lambda _: REPLICATED, shapes.diagonal_log2_scales),
         )
 
     # -- update ---------------------------------------------------------------------------------
@@ -473,15 +479,16 @@ class ScaleByShampoo(AbstractTransform):
         diagonal_momentum, momentum = (
             treedef.flatten_up_to(x) for x in (state.diagonal_momentum, state.momentum)
         )
-        diagonal = [None] * len(grads)
+        diagonal = diagonal_scales = [None] * len(grads)
         if state.diagonal_statistics is not None:
             diagonal = treedef.flatten_up_to(state.diagonal_statistics)
+            diagonal_scales = treedef.flatten_up_to(state.diagonal_log2_scales)
         preconditioned, statistics, preconditioners, scales = self._blocks(grads, state, params)
 
         out = []
         for i, g in enumerate(grads):
             if g is None:
-                out.append((None, diagonal[i], diagonal_momentum[i], momentum[i]))
+                out.append((None, diagonal[i], diagonal_momentum[i], momentum[i], diagonal_scales[i]))
                 continue
             out.append(
                 self._one(
@@ -489,13 +496,14 @@ class ScaleByShampoo(AbstractTransform):
                     preconditioned[i],
                     param_leaves[i],
                     diagonal[i],
+                    diagonal_scales[i],
                     diagonal_momentum[i],
                     momentum[i],
                     count,
                 )
             )
-        new_updates, new_diagonal, new_diagonal_momentum, new_momentum = (
-            treedef.unflatten([o[j] for o in out]) for j in range(4)
+        new_updates, new_diagonal, new_diagonal_momentum, new_momentum, new_diagonal_scales = (
+            treedef.unflatten([o[j] for o in out]) for j in range(5)
         )
         return new_updates, ScaleByShampooState(
             count=safe_increment(count),
@@ -505,6 +513,7 @@ class ScaleByShampoo(AbstractTransform):
             diagonal_momentum=new_diagonal_momentum,
             momentum=new_momentum,
             log2_scales=scales,
+            diagonal_log2_scales=None if state.diagonal_statistics is None else new_diagonal_scales,
         )
 
     def _blocks(self, grads, state, params):
@@ -665,7 +674,7 @@ class ScaleByShampoo(AbstractTransform):
         factor = jnp.where(log2_scale == 0, 1.0, jnp.exp2(-log2_scale.astype(jnp.float32) / p))
         return root * factor.astype(root.dtype), error
 
-    def _one(self, g, precond, param, diagonal, diagonal_momentum, momentum, count):
+    def _one(self, g, precond, param, diagonal, diagonal_scale, diagonal_momentum, momentum, count):
         """One parameter's update and new grafting state and momenta (the stored state read at
         its accumulation precision, `widen`, and stored back in its dtype)."""
         dtype = update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)
@@ -674,7 +683,7 @@ class ScaleByShampoo(AbstractTransform):
         diagonal = None if diagonal is None else widen(diagonal, self.nu_dtype)
         momentum_in, diagonal_momentum_in = momentum, diagonal_momentum
         momentum, diagonal_momentum = widen(momentum, self.mu_dtype), widen(diagonal_momentum, self.mu_dtype)
-        graft, new_diagonal = self._graft(g32, diagonal)
+        graft, new_diagonal, new_diagonal_scale = self._graft(g32, diagonal, diagonal_scale)
         if precond is None:
             precond = graft
         if self.graft_type == "none":
@@ -697,27 +706,36 @@ class ScaleByShampoo(AbstractTransform):
             None if new_diagonal is None else new_diagonal.astype(stored.dtype),
             new_diagonal_momentum.astype(diagonal_momentum_in.dtype),
             new_momentum.astype(momentum_in.dtype),
+            new_diagonal_scale,
         )
 
-    def _graft(self, g, diagonal):
-        """The grafting update of a float32 gradient, and the new diagonal statistics."""
+    def _graft(self, g, diagonal, scale):
+        """The grafting update of a float32 gradient, the new diagonal statistics and their
+        scale: stored divided by `2**scale`, which grows (by even steps) to bring the squared
+        entries within float32 where they exceed `2**32` (the stored sums shrink alike, and
+        their square root is scaled back); 0, and every number the unscaled one, otherwise."""
         kind = self.graft_type
         if kind in ("sgd", "none"):
-            return g, None
+            return g, None, None
         if kind == "sqrt_n":
-            return jnp.sign(g), None
+            return jnp.sign(g), None, None
         scaled = g / (scaled_norm(g) + _TINY) if kind.endswith("_normalized") else g
+        one = jnp.ones((), jnp.float32)
+        new_scale = jnp.maximum(scale, 2 * overflow_exponent(scaled))
+        diagonal = diagonal * jnp.ldexp(one, scale - new_scale).astype(diagonal.dtype)
+        square = jnp.square(scaled * jnp.ldexp(one, -(new_scale // 2)))
         if kind.startswith("adagrad"):
-            new_diagonal = diagonal + jnp.square(scaled)
+            new_diagonal = diagonal + square
         else:
             beta2 = self.beta2
             w2 = jnp.where(jnp.asarray(beta2) == 1.0, 1.0, 1 - beta2)
-            new_diagonal = beta2 * diagonal + w2 * jnp.square(scaled)
-        update = scaled / (jnp.sqrt(new_diagonal) + self.diagonal_epsilon)
+            new_diagonal = beta2 * diagonal + w2 * square
+        root = jnp.sqrt(new_diagonal) * jnp.ldexp(one, new_scale // 2)
+        update = scaled / (root + self.diagonal_epsilon)
         if kind.startswith("rmsprop") and self.clip_by_scaled_gradient_norm is not None:
             rms = scaled_norm(update) / jnp.sqrt(float(update.size))
             update = update / jnp.maximum(1.0, rms / self.clip_by_scaled_gradient_norm)
-        return update, new_diagonal
+        return update, new_diagonal, new_scale
 
 
 def _concatenate(arrays: list) -> Any:

@@ -186,35 +186,16 @@ def numpy_kron_step(Qs, m_hat, v, lr):
     return tuple(new), pre * min(1.0, 1.1 / (rms + 1e-12))
 
 
-def test_steps_match_numpy_from_the_paper():
-    """8 steps of `scale_by_kron` (b1 = 0: m_hat is the gradient) against NumPy float64 fed the
-    same probes: a 6x4 matrix (two triangular factors) and a vector (a diagonal factor)."""
+def _matches_numpy(steps: int, scale: float = 1.0) -> None:
+    """`steps` steps of `scale_by_kron` (b1 = 0: m_hat is the gradient) on gradients times
+    `scale`, against NumPy float64 fed the same probes: a 6x4 matrix (two triangular factors)
+    and a vector (a diagonal factor)."""
     shapes = {"a_matrix": (6, 4), "b_vector": (5,)}
     tx = modopt.scale_by_kron(0.0, preconditioner_update_probability=1.0, precond_lr=0.2, balance_prob=0.0)
     state = tx.init({n: jnp.zeros(s) for n, s in shapes.items()})
     update = jax.jit(tx.update)
     numpy_qs = {n: tuple(np.asarray(q, np.float64) for q in tx.unstacked(state).Qs[n]) for n in shapes}
-    for step in range(STEPS):
-        grads = {n: g for n, g in make_grads(step).items() if n in shapes}
-        probes = kron_probes(step_keys(state.key)[3], list(shapes.values()), jnp.float32)
-        updates, state = update(jax.tree.map(jnp.asarray, grads), state)
-        for (name, g), v in zip(sorted(grads.items()), probes):
-            numpy_qs[name], expected = numpy_kron_step(numpy_qs[name], g.astype(np.float64), np.asarray(v, np.float64), 0.2)
-            np.testing.assert_allclose(updates[name], expected, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{name}, step {step}")
-            for q, r in zip(tx.unstacked(state).Qs[name], numpy_qs[name]):
-                np.testing.assert_allclose(q, r, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"Q of {name}, step {step}")
-
-
-def test_huge_gradients_match_numpy():
-    """Gradients of `2**100` (about 1.3e30: their squares overflow float32) against NumPy in
-    float64, where they do not: 4 steps, the same probes, as `test_steps_match_numpy_from_the_paper`.
-    The Gram matrices are formed from a copy scaled by a power of two, the RMS likewise."""
-    shapes, scale = {"a_matrix": (6, 4), "b_vector": (5,)}, 2.0**100
-    tx = modopt.scale_by_kron(0.0, preconditioner_update_probability=1.0, precond_lr=0.2, balance_prob=0.0)
-    state = tx.init({n: jnp.zeros(s) for n, s in shapes.items()})
-    update = jax.jit(tx.update)
-    numpy_qs = {n: tuple(np.asarray(q, np.float64) for q in tx.unstacked(state).Qs[n]) for n in shapes}
-    for step in range(4):
+    for step in range(steps):
         grads = {n: g * np.float32(scale) for n, g in make_grads(step).items() if n in shapes}
         probes = kron_probes(step_keys(state.key)[3], list(shapes.values()), jnp.float32)
         updates, state = update(jax.tree.map(jnp.asarray, grads), state)
@@ -223,6 +204,17 @@ def test_huge_gradients_match_numpy():
             np.testing.assert_allclose(updates[name], expected, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"{name}, step {step}")
             for q, r in zip(tx.unstacked(state).Qs[name], numpy_qs[name]):
                 np.testing.assert_allclose(q, r, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"Q of {name}, step {step}")
+
+
+def test_steps_match_numpy_from_the_paper():
+    _matches_numpy(STEPS)
+
+
+def test_huge_gradients_match_numpy():
+    """Gradients of `2**100` (about 1.3e30: their squares overflow float32) against NumPy in
+    float64, where they do not: 4 steps. The Gram matrices are formed from a copy scaled by a
+    power of two, the RMS likewise."""
+    _matches_numpy(4, 2.0**100)
 
 
 def test_kron_torch_preconditions_the_damped_momentum(eager_torch):

@@ -102,6 +102,24 @@ def test_scale_by_muon_alone_matches_optax():
     close(run(ours, matrix), run(theirs, matrix), rtol=1e-4, atol=1e-5)  # an SVD-based norm
 
 
+def test_muon_on_transformer_matrices_equals_optax_bit_for_bit():
+    """The transformer job's matrices (width 64: square, wide and tall; Equinox's `(out, in)`
+    layout) under `jax.jit`: modopt's Muon runs the program optax's runs, so the numbers are the
+    same to the last bit, the premise of comparing the two in the time-to-result benchmark (a
+    difference of one rounding grows over hundreds of steps)."""
+    shapes = {"attention": (64, 64), "up": (256, 64), "down": (64, 256), "norm": (64,)}
+    params = {k: jax.random.normal(jax.random.key(i), s) for i, (k, s) in enumerate(shapes.items())}
+
+    def layout(kind):
+        return {k: kind(reduction_axis=1, output_axis=0) if len(s) == 2 else None for k, s in shapes.items()}
+
+    ours = contrib.muon(0.02, weight_decay=0.1, muon_weight_dimension_numbers=layout(MuonDimensionNumbers))
+    theirs = optax.contrib.muon(
+        0.02, weight_decay=0.1, muon_weight_dimension_numbers=layout(optax.contrib.MuonDimensionNumbers)
+    )
+    close(run(ours, params, steps=4), run(theirs, params, steps=4), rtol=0, atol=0)
+
+
 def test_optax_dimension_numbers_are_accepted():
     ours = contrib.muon(0.02, muon_weight_dimension_numbers=dims(optax.contrib.MuonDimensionNumbers))
     theirs = contrib.muon(0.02, muon_weight_dimension_numbers=dims(MuonDimensionNumbers))

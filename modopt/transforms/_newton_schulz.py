@@ -215,16 +215,24 @@ def newton_schulz(
         x = x.T
     # Every preconditioning divides by a norm, so a power of two scales nothing but huge
     # entries (beyond 2**16 in float32), whose squares would overflow: by exactly 1 otherwise.
-    x = x * overflow_scale(x, bound=jnp.finfo(x.dtype).maxexp // 8)
-    if preconditioning == "frobenius":
-        x = x / (jnp.linalg.norm(x, ord="fro") + eps)
-    elif preconditioning == "spectral":
-        x = x / (jnp.linalg.norm(x, ord=2) + eps)
+    # Where the scale is 1, `x / norm` is computed as it stands: the same program as optax's,
+    # so that the products round alike (multiplying by 1 changes no number, but XLA's program).
+    scale = overflow_scale(x, bound=jnp.finfo(x.dtype).maxexp // 8)
+    if preconditioning in ("frobenius", "spectral"):
+        norm = jnp.linalg.norm(x * scale, ord="fro" if preconditioning == "frobenius" else 2)
+        x = jnp.where(scale == 1, x / (norm / scale + eps), x * scale / (norm + eps))
+    else:
+        x = x * scale
     coeffs = ns_coeffs.astype(x.dtype)
-    rows = [coeffs] * ns_steps if coeffs.ndim == 1 else list(coeffs)
-    for i, row in enumerate(rows):
-        first = preconditioning if i == 0 and preconditioning in ("aol", "schatten") else None
-        x = _newton_schulz_step(x, row, first, eps)
+    steps = ns_steps if coeffs.ndim == 1 else coeffs.shape[0]
+    if steps and preconditioning in ("aol", "schatten"):  # the first step rescales X
+        x = _newton_schulz_step(x, coeffs if coeffs.ndim == 1 else coeffs[0], preconditioning, eps)
+        steps, coeffs = steps - 1, coeffs if coeffs.ndim == 1 else coeffs[1:]
+    # The plain steps as an unrolled loop (optax's program: the same rounding).
+    if steps and coeffs.ndim == 1:
+        x = jax.lax.fori_loop(0, steps, lambda _, x: _newton_schulz_step(x, coeffs), x, unroll=True)
+    elif steps:
+        x, _ = jax.lax.scan(lambda x, row: (_newton_schulz_step(x, row), None), x, coeffs)
     return x.T if transposed else x
 
 
@@ -251,6 +259,11 @@ def orthogonalize(
     eps: Any,
 ) -> jax.Array:
     """`newton_schulz` on each matrix of `x` (see `matrix_units`); the result laid out as `x`."""
+    if x.ndim == 2 and preconditioning != "aol":
+        # Newton-Schulz commutes with transposition, and so do these preconditionings: a matrix
+        # is taken as stored, whichever axis reduces (optax's order of operations, so that the
+        # rounding is the same; AOL scales rows, so there the orientation changes the result).
+        axes = ((), (0,), (1,))
     units = matrix_units(x.shape, axes)
     return units.from_units(_newton_schulz_stack(units.to_units(x), ns_coeffs, ns_steps, preconditioning, eps))
 

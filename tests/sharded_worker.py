@@ -430,16 +430,15 @@ def nnx_optimizer() -> None:
 
 
 def readme() -> None:
-    """The README's "Sharded training" examples run as written."""
-    import re
+    """The guide's "Sharded training" examples (docs/guides/devices.md) run as written."""
     import textwrap
 
-    text = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    section = text.split("## Sharded training", 1)[1].split("\n## ", 1)[0]
-    blocks = [textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", section, re.DOTALL)]
+    import pages
+
+    blocks = [textwrap.dedent(block) for block in pages.python_blocks(pages.section("docs/guides/devices.md", "Sharded training"))]
     assert len(blocks) == 2, f"expected the example and the planning snippet, found {len(blocks)} blocks"
     namespace: dict = {}
-    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
+    exec(compile("\n".join(blocks), "docs/guides/devices.md", "exec"), namespace)
     assert namespace["optimizer"].state[0].mu.layers[1].weight.sharding.spec == P("model", "data")
     print("ok readme")
 

@@ -4,6 +4,7 @@ in modopt."""
 from __future__ import annotations
 
 import modopt.catalog as catalog
+import pages
 
 
 def test_every_catalog_name_is_present():
@@ -48,24 +49,17 @@ def test_report_prints_a_line_per_family_of_both_catalogs(capsys):
     assert out.count("missing: none") == 2
 
 
-def _readme_section(title: str) -> str:
-    import pathlib
-
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
-    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
-
-
-def test_readme_function_family_examples_run():
+def test_guide_function_family_examples_run():
     import re
 
     import numpy as np
 
-    section = _readme_section("Losses, linear algebra, second order, Monte Carlo gradients")
+    section = pages.section("docs/guides/training.md", "Losses, linear algebra, second order, Monte Carlo gradients")
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 3
     spaces = [{} for _ in blocks]
     for code, space in zip(blocks, spaces):
-        exec(compile(code, "README.md", "exec"), space)
+        exec(compile(code, "docs/guides/training.md", "exec"), space)
     losses, second_order, monte_carlo = spaces
     assert losses["per_example"].shape == (2,)
     # The mean squared error's Hessian diagonal: 2 for the bias, 2 * mean(x_j ** 2) for w_j.
@@ -81,10 +75,10 @@ def test_readme_function_family_examples_run():
     np.testing.assert_allclose(means[1], [2.0, 2.0], atol=0.2)
 
 
-def test_readme_coverage_block_is_the_report(capsys):
+def test_guide_coverage_block_is_the_report(capsys):
     import re
 
-    section = _readme_section("Losses, linear algebra, second order, Monte Carlo gradients")
+    section = pages.section("docs/guides/training.md", "Losses, linear algebra, second order, Monte Carlo gradients")
     (block,) = re.findall(r"```text\n(.*?)```", section, re.S)
     catalog.report()
     report = capsys.readouterr().out.splitlines()

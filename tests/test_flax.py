@@ -18,6 +18,7 @@ from flax import nnx
 from flax.training import train_state as flax_train_state
 from modopt.integrations.flax import NnxOptimizer, TrainState
 from modopt.integrations.orbax import CheckpointManager
+import pages
 from testing_transforms import ScaleByValueFn
 
 import modopt
@@ -171,13 +172,11 @@ def test_nnx_optimizer_matches_nnx_optimizer_with_optax_and_set_does_not_retrace
 
 
 def test_readme_flax_example_runs(capsys):
-    import os
     import re
 
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    section = readme.split("## Flax", 1)[1].split("\n## ", 1)[0]
+    section = pages.section("docs/guides/checkpoints.md", "Flax")
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/guides/checkpoints.md", "exec"), {})
     assert "1e-04" in capsys.readouterr().out
 
 

@@ -2,7 +2,7 @@
 
 Each group of files runs in a subprocess of its own, with the `optax_swap` plugin replacing
 optax's public objects by modopt's before the files are imported. The tests modopt departs from
-on purpose are deselected, each with its reason in `DEPARTURES` (the README lists them too).
+on purpose are deselected, each with its reason in `DEPARTURES` (the docs page "Parity with optax" lists them too).
 The groups that run by default are the families of optax 0.2.8 that go beyond the seeds'
 catalog; `MODOPT_OPTAX_SUITE=all` runs every optax test file (about 20 minutes on 2 cores).
 """

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import pages
 from modopt.integrations.orbax import CheckpointError, CheckpointManager
 
 import modopt
@@ -508,11 +509,10 @@ def test_import_modopt_does_not_import_orbax():
 
 
 def test_readme_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    section = readme.split("## Checkpoints", 1)[1].split("\n## ", 1)[0]
+    section = pages.section("docs/guides/checkpoints.md", "Checkpoints")
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/guides/checkpoints.md", "exec"), {})
     assert "[50, 100] 100" in capsys.readouterr().out
 
 

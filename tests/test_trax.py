@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
+import pages
 from trax_reference import Reference
 
 import modopt
@@ -414,11 +415,9 @@ def test_flax_train_state_takes_a_trax_optimizer():
 
 
 def test_the_readme_trax_example_runs(capsys):
-    import os
 
-    text = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    section = text.split("## trax optimizers", 1)[1].split("\n## ", 1)[0]
+    section = pages.section("docs/guides/training.md", "trax optimizers")
     blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     assert blocks
-    exec(compile("\n".join(blocks), "README.md", "exec"), {})
+    exec(compile("\n".join(blocks), "docs/guides/training.md", "exec"), {})
     assert "['gradients_l2', 'weights_l2']" in capsys.readouterr().out

@@ -12,7 +12,7 @@ from the transforms here (`ScaleByTraxFactoredRms`, `StoredEma`, `WeightDecayRam
 passes the step to `tree_update`; weight decay is on by default in `Adam`, `Momentum` and
 `Adafactor` and is not multiplied by the learning rate; `RMSProp`'s accumulator starts at 1
 with `eps` outside the square root; `Adafactor` factors over the last two axes; `SM3` has
-momentum types and grafting. See the README's "trax optimizers" section.
+momentum types and grafting. See the training guide's "trax optimizers" section (docs/guides/training.md).
 
 `modopt.trax.Optimizer` is trax's base class; `modopt.Optimizer` is modopt's optimizer module.
 """

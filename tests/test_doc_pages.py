@@ -1,8 +1,9 @@
-"""The README's "What's included" table lists every public name of `modopt`, and only those."""
+"""The pages a user reads first: the README's code runs and stays a front page; the catalog's
+table (docs/api/catalog.md) lists every public name of `modopt`, and only those; the training
+guide's quickstart and the development page's example transform run as written."""
 
 from __future__ import annotations
 
-import os
 import re
 import types
 
@@ -11,15 +12,15 @@ import jax
 import jax.numpy as jnp
 
 import modopt
+from pages import python_blocks, read, section
 
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
 
 
 NAMESPACES_TABLE = "optax 0.2.8's namespaces, each under the same name in modopt"
 
 
 def _included_section() -> str:
-    return open(README).read().split("## What's included", 1)[1].split("\n## ", 1)[0]
+    return section("docs/api/catalog.md", "What's included")
 
 
 def _table_rows(text: str) -> list[str]:
@@ -27,12 +28,12 @@ def _table_rows(text: str) -> list[str]:
 
 
 def test_the_table_lists_every_public_name_and_no_other():
-    section = _included_section().split(NAMESPACES_TABLE, 1)[0]
-    table = "\n".join(_table_rows(section))
+    names_part = _included_section().split(NAMESPACES_TABLE, 1)[0]
+    table = "\n".join(_table_rows(names_part))
     listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", table))
     public = {n for n in dir(modopt) if not n.startswith("_") and not isinstance(getattr(modopt, n), types.ModuleType)}
-    assert public - listed == set(), f"public names missing from the README table: {sorted(public - listed)}"
-    assert listed - public == set(), f"names in the README table that modopt lacks: {sorted(listed - public)}"
+    assert public - listed == set(), f"public names missing from the catalog's table: {sorted(public - listed)}"
+    assert listed - public == set(), f"names in the catalog's table that modopt lacks: {sorted(listed - public)}"
 
 
 def test_the_namespaces_table_names_what_its_namespaces_hold():
@@ -61,15 +62,13 @@ def _resolves(dotted: str) -> bool:
 
 
 def test_the_adding_a_transform_example_runs():
-    """The README's example transform and optimizer work as written and as described."""
+    """The development page's example transform and optimizer work as written and as described."""
     import jax.numpy as jnp
     import pytest
 
-    text = open(README).read()
-    section = text.split("## Adding a transform", 1)[1]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[:2]
+    blocks = python_blocks(section("docs/development.md", "Adding a transform"))[:2]
     namespace: dict = {}
-    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
+    exec(compile("\n".join(blocks), "docs/development.md", "exec"), namespace)
     with pytest.raises(ValueError, match=re.escape("Invalid decay: 1.0 (must be in [0, 1)) in ScaleByFoo.")):
         namespace["scale_by_foo"](decay=1.0)
     params = {"w": jnp.ones(3)}
@@ -80,16 +79,29 @@ def test_the_adding_a_transform_example_runs():
 
 
 def test_the_quickstart_runs(capsys):
-    """The README's quickstart blocks, run in order as one script."""
-    text = open(README).read()
-    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    """The training guide's quickstart blocks, run in order as one script."""
+    blocks = python_blocks(section("docs/guides/training.md", "Quickstart"))
     assert len(blocks) >= 4, len(blocks)
     namespace: dict = {}
-    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
+    exec(compile("\n".join(blocks), "docs/guides/training.md", "exec"), namespace)
     out = capsys.readouterr().out
     assert "'steps': 1.0" in out and "grad_norm" in out, out[-2000:]
     # The NaN guard skipped its step: the model is unchanged and the skip is counted.
     guarded = namespace["guarded"]
     assert int(guarded.state.total_notfinite) == 1 and int(guarded.state.inner_state[0].count) == 0
     assert all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(eqx.filter(namespace["unchanged_model"], eqx.is_array)))
+
+
+def test_the_readme_is_a_front_page_whose_code_runs(capsys):
+    """At most 300 lines, and its Python blocks run in order as one script (the quickstart
+    trains, the optax and Flax block mixes the libraries)."""
+    text = read("README.md")
+    assert len(text.splitlines()) <= 300, len(text.splitlines())
+    blocks = python_blocks(text)
+    assert len(blocks) >= 2
+    namespace: dict = {}
+    exec(compile("\n".join(blocks), "README.md", "exec"), namespace)
+    assert "step 150" in capsys.readouterr().out
+    assert float(namespace["loss"]) < 0.05, float(namespace["loss"])
+    assert namespace["optimizer"].hyperparameters["peak_value"] == jnp.float32(3e-3)
+    assert int(namespace["state"].step) == 1

@@ -76,6 +76,9 @@ from ._masks import weight_decay_mask as weight_decay_mask
 from ._optimizer import Optimizer as Optimizer
 from ._quantization import QuantizedArray as QuantizedArray
 from ._quantization import quantize_blockwise as quantize_blockwise
+from ._state_report import StateMemoryWarning as StateMemoryWarning
+from ._state_report import StateReport as StateReport
+from ._state_report import state_bytes as state_bytes
 from ._compensated import AbstractCompensation as AbstractCompensation
 from ._compensated import KahanCompensation as KahanCompensation
 from ._compensated import StochasticRounding as StochasticRounding

@@ -27,6 +27,7 @@ from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_wi
 from ._numerics import safe_increment
 from ._offload import check_memory_kind, to_device, to_host
 from ._signature import ModelSignature
+from ._state_report import StateReport, report_of, warn_if_large
 from ._trees import is_none
 from ._updates import apply_updates
 from .combinators._diagnostics import diagnostics
@@ -149,6 +150,7 @@ class Optimizer(Module):
             self.state = owned_init(self.tx, packed(self.groups, params))
             self.count = jnp.zeros([], jnp.int32)
             self.compensation = make_compensation(compensation, params, key, "Optimizer")
+            warn_if_large(self.state, params, "Optimizer")
             if state_memory_kind is not None:
                 self.state, self.compensation = to_host((self.state, self.compensation))
             return
@@ -164,6 +166,7 @@ class Optimizer(Module):
                 "`jax.jit(..., out_shardings=modopt.sharding.shardings(...))` instead."
             )
         replicated = self.layout.replicated
+        warn_if_large(abstract_state, params, "Optimizer")  # before the state is allocated
         self.state = self.layout.init(self.tx, params)
         # A jitted copy, not `device_put`: that refuses a typed PRNG key (Kron's `key`) on a mesh
         # that spans processes.
@@ -247,6 +250,17 @@ class Optimizer(Module):
         pairs += list(zip(jax.tree_util.tree_leaves(state), state_shardings))
         return self.layout.mesh, [(x, s.spec) for x, s in pairs]
 
+    def state_bytes(self, largest: int = 5) -> StateReport:
+        """The bytes of the state, per trained parameter, and its largest arrays, read from shapes
+        (also on an abstract optimizer, `jax.eval_shape(lambda: modopt.Optimizer(tx, model))`,
+        before anything is allocated). `modopt.state_bytes(tx, params, by_parameter=True)` also
+        attributes the state to each parameter.
+
+        Args:
+            largest: how many of the largest state arrays to list.
+        """
+        return report_of(self.state, [x for x in self.signature.leaves if x is not None], largest)
+
     def __repr__(self):
         """A summary: the transform with its hyperparameters, the step, the state's size.
 
@@ -265,7 +279,8 @@ class Optimizer(Module):
             options += f",\n  compensation={type(self.compensation).__name__}"
         return (
             f"Optimizer(\n  tx={tx},\n  step={step},\n"
-            f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers ({_bytes(size)}),\n"
+            f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers ({_bytes(size)}, "
+            f"{size / max(1, sum(int(np.prod(leaf.shape)) for leaf in trained)):.1f} B per parameter),\n"
             f"  trains {len(trained)} of {len(self.signature.leaves)} model leaves "
             f"({sum(int(np.prod(leaf.shape)) for leaf in trained):,} numbers){sharded}{grouped}{options}\n)"
         )

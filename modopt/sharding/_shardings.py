@@ -326,6 +326,14 @@ def bytes_per_device(tree: Any, shardings: Any = None, *, memory_kind: str | Non
     `"device"` for the accelerator's own (where an array without a memory kind is), or
     `"pinned_host"` for an optimizer's state kept on the host.
 
+    What the state costs whole, per trained parameter and by its largest arrays (or by
+    parameter), before anything is allocated: `modopt.state_bytes(tx, params)`, or
+    `optimizer.state_bytes()`. Matrix optimizers can keep far more than Adam's 8 bytes per
+    float32 parameter: SOAP keeps two `d x d` matrices per dimension `d` up to
+    `max_precondition_dim` (10000), Kron one per axis up to `max_size_triangular` (8192), Shampoo
+    two per block dimension up to `block_size`; `modopt.Optimizer` warns once
+    (`modopt.StateMemoryWarning`) above 16 bytes per parameter, naming the largest arrays.
+
     Args:
         tree: a pytree of arrays or `jax.ShapeDtypeStruct`s.
         shardings: a sharding per leaf, with the structure of `tree`, or `None` to read each leaf's

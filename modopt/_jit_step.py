@@ -400,7 +400,12 @@ class JitStep:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         compiled, donated, kept = self._prepare(args, kwargs)
-        arrays, static = compiled(donated, kept)
+        try:
+            arrays, static = compiled(donated, kept)
+        except ValueError as error:
+            if "deleted or donated" not in str(error):
+                raise
+            raise ValueError(self._spent_arguments(args, kwargs)) from error
         is_tuple, plans, objects, statics = static.value
         if objects or statics:
             items = (*arrays, *kept, *[get(args[index]) for index, get in objects], *statics)
@@ -417,6 +422,24 @@ class JitStep:
                 records[id(obj)] = (ref, plan.donated(items), plan.kept(items), plan.part)
         self._outputs = records
         return tuple(outputs) if is_tuple else outputs[0]
+
+    def _spent_arguments(self, args: tuple, kwargs: dict) -> str:
+        """Which arguments hold arrays already donated (or deleted), and what to pass instead."""
+        name = getattr(self.fn, "__name__", repr(self.fn))
+        spent = []
+        for where, arg in [*((f"argument {i}", a) for i, a in enumerate(args)), *((f"argument {k!r}", a) for k, a in kwargs.items())]:
+            for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+                if isinstance(leaf, jax.Array) and leaf.is_deleted():
+                    spent.append(f"{where} ({type(arg).__name__}, first at `{jax.tree_util.keystr(path) or 'the root'}`)")
+                    break
+        donated = " and ".join(map(str, self.donate_argnums)) or "none"
+        return (
+            f"jit_step({name}): {', '.join(spent) or 'an argument'} holds arrays whose buffers were donated to an "
+            f"earlier call (of {name}, which donates its arguments {donated}, or of another function that donates "
+            "its inputs) and are deleted. The objects passed to a donating call are spent once it returns: continue "
+            f"with the ones it returned (`model, optimizer, loss = {name}(model, optimizer, batch)`), or pass a copy "
+            "(`jax.tree.map(jnp.copy, model)`) to keep the original."
+        )
 
     def _forget(self, ref: weakref.ref) -> None:
         """Drops the record of an output the caller no longer holds (and with it its arrays)."""
@@ -460,6 +483,10 @@ def jit_step(fn: Callable[..., Any] | None = None, *, donate_argnums: Sequence[i
 
     A new hyperparameter (`optimizer.set(learning_rate=...)`) or a rebuilt optimizer with the
     same configuration does not compile again: only the arrays changed.
+
+    The model and optimizer passed to a call are spent once it returns (their buffers now hold
+    the outputs): passing one again is an error that names the argument and its first spent
+    leaf. Continue with the returned objects, or pass a copy to keep an original.
 
     Args:
         fn: the step function, taking the model and the optimizer first (usable as a decorator

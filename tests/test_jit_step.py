@@ -86,6 +86,20 @@ def test_donates_model_and_optimizer_not_the_batch():
     assert memory.alias_size_in_bytes >= 3 * float_bytes  # params, mu, nu
 
 
+def test_reusing_a_donated_model_names_the_argument_and_what_to_pass_instead():
+    """XLA's own error says only that a buffer was deleted or donated; the step's names the
+    argument, its first spent leaf, and the objects to use."""
+    step = modopt.jit_step(body)
+    model = copy(make())
+    optimizer = modopt.Optimizer(modopt.adam(1e-2), model)
+    new_model, new_optimizer, _ = step(model, optimizer, (X, Y))
+    with pytest.raises(ValueError, match=r"argument 0 \(Net, first at `\.mlp\.layers\[0\]\.weight`\)") as info:
+        step(model, new_optimizer, (X, Y))
+    assert "donates its arguments 0 and 1" in str(info.value) and "the ones it returned" in str(info.value)
+    with pytest.raises(ValueError, match=r"argument 1 \(Optimizer, first at `\.state"):
+        step(new_model, optimizer, (X, Y))
+
+
 def test_no_retrace_on_new_hyperparameters_or_rebuilt_optimizer():
     traces = []
 

@@ -8,6 +8,7 @@ fed to `modopt.Optimizer.step` must give the full-batch gradient's step.
 from __future__ import annotations
 
 import doctest
+import enum
 import os
 import subprocess
 import sys
@@ -145,6 +146,41 @@ def test_micro_vmap_int_in_axes_keywords_and_no_microbatching():
     _same(single, omb.micro_vmap(lambda x: x**2, microbatch_size=2)(jnp.arange(8)))
     with pytest.raises(NotImplementedError, match="out_axes"):
         mb.micro_vmap(f, out_axes=1)
+
+
+@pytest.mark.parametrize("acc", ["SUM", "MEAN", "RUNNING_MEAN", "CONCAT"])
+def test_optax_accumulation_types_are_read_by_name(acc):
+    """Code ported from optax keeps optax's enum: each member does what ours of that name does,
+    in all three functions, as leaves of a pytree of accumulators too, and as optax's own does."""
+    theirs = getattr(omb.AccumulationType, acc)
+    assert not isinstance(theirs, T)  # two classes: only the name links them
+    run = mb.microbatch(_fun, argnums=(0, 1), microbatch_size=3, accumulator=theirs)(X, Y)
+    _same(run, mb.microbatch(_fun, argnums=(0, 1), microbatch_size=3, accumulator=getattr(T, acc))(X, Y))
+    _same(run, omb.microbatch(_fun, argnums=(0, 1), microbatch_size=3, accumulator=theirs)(X, Y), rtol=1e-5)
+    mixed = {"rows": theirs, "total": T.SUM, "max": omb.AccumulationType.CONCAT}
+    _same(
+        mb.microbatch(_fun, argnums=(0, 1), microbatch_size=4, accumulator=mixed)(X, Y),
+        omb.microbatch(_fun, argnums=(0, 1), microbatch_size=4, accumulator=_their(mixed))(X, Y),
+        rtol=1e-5,
+    )
+    _same(
+        mb.micro_vmap(lambda x: x**2, microbatch_size=4, accumulator=theirs)(X),
+        omb.micro_vmap(lambda x: x**2, microbatch_size=4, accumulator=theirs)(X),
+        rtol=1e-5,
+    )
+    if acc != "CONCAT":  # micro_grad's gradients are reduced
+        kwargs = dict(batch_argnums=(1, 2), microbatch_size=4, accumulator=theirs)
+        grads, their_grads = (lib.micro_grad(_loss, **kwargs)(PARAMS, X, Y)[0] for lib in (mb, omb))
+        _same(grads, their_grads, rtol=1e-5)
+
+
+def test_unknown_accumulator_names_its_place():
+    class AccumulationType(enum.Enum):  # another enum of that name, without the member
+        MAX = 1
+
+    for bad in ("sum", AccumulationType.MAX):
+        with pytest.raises(ValueError, match=r"Unknown accumulator at accumulator\['total'\]: .*CONCAT"):
+            mb.microbatch(_fun, (0, 1), 3, {"rows": T.SUM, "total": bad, "max": T.SUM})(X, Y)
 
 
 def _loss(params, x, y):

@@ -140,8 +140,10 @@ DEPARTURES: dict[str, str] = {
     # (bfloat16, float32), for sgd's trace and adam's / adamw's mu.
     **{
         f"_src/alias_test.py::AliasTest::test_explicit_dtype{index}": (
-            "complex params with a real state dtype: optax stores a real state (the imaginary part dropped); "
-            "modopt's state is complex of that precision (complex64), see modopt.fields.dtype"
+            "complex params with a real state dtype: optax casts the complex momentum to that real dtype, "
+            "dropping its imaginary part at every step (JAX warns the cast will become an error); modopt keeps "
+            "it complex of that precision (complex64), giving optax's numbers with a complex64 state dtype "
+            "(test_state_dtypes.py; see modopt.fields.dtype)"
         )
         for index in range(24, 30)
     },
@@ -156,8 +158,9 @@ DEPARTURES: dict[str, str] = {
     },
     **{
         f"_src/linear_algebra_test.py::LinearAlgebraTest::{name}": (
-            "power_iteration returns the seeds' (eigenvector, eigenvalue); optax 0.2.8 returns (eigenvalue, "
-            "eigenvector) (these tests pass with the order swapped)"
+            "power_iteration returns the seeds' (eigenvector, eigenvalue) (optax before 0.2.2); optax 0.2.2+ "
+            "returns (eigenvalue, eigenvector), so the tests read the eigenvector as the eigenvalue ('truth "
+            "value of an array with more than one element'); with the order swapped all four pass"
         )
         for name in ("test_power_iteration", "test_power_iteration_mlp_hessian", "test_power_iteration_pytree")
     },

@@ -466,3 +466,51 @@ def test_dtypes_that_cannot_be_passed_on_are_errors_naming_them():
         modopt.contrib.galore(0.1, base_optimizer=modopt.scale_by_lion(), nu_dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match=r"^Invalid mu_dtype: float32 with momentum_in_bfloat16=True"):
         modopt.trax.Adafactor(do_momentum=True, momentum_in_bfloat16=True, mu_dtype=jnp.float32)
+
+
+# --- complex parameters with a real state dtype -----------------------------------------------
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda lib, d: lib.sgd(0.1, momentum=0.9, accumulator_dtype=d),
+        lambda lib, d: lib.adam(0.1, mu_dtype=d),
+        lambda lib, d: lib.adamw(0.1, mu_dtype=d),
+    ],
+    ids=["sgd", "adam", "adamw"],
+)
+def test_a_real_state_dtype_keeps_complex_state_complex(make, dtype):
+    """A departure from optax (its `test_explicit_dtype` 24-29): optax casts a complex momentum
+    to the real dtype, dropping the imaginary part (JAX warns that this cast will become an
+    error). Ours stays complex, of the precision the dtype names: on complex leaves the steps
+    and states are optax's with a `complex64` state dtype; on real leaves optax's with `dtype`
+    (to a unit of bfloat16)."""
+    rng = np.random.default_rng(0)
+    params = {"z": jnp.asarray(rng.normal(size=(3, 4)) + 1j * rng.normal(size=(3, 4)), jnp.complex64),
+              "r": jnp.asarray(rng.normal(size=5), jnp.float32)}  # fmt: skip
+    grads = [
+        jax.tree.map(lambda x: x * (0.5 + k) + (0.3j * k if x.dtype == jnp.complex64 else 0), params)
+        for k in range(3)
+    ]
+
+    def run(tx, apply, keys=("z", "r")):
+        p, state = {k: params[k] for k in keys}, tx.init({k: params[k] for k in keys})
+        for g in grads:
+            updates, state = tx.update({k: g[k] for k in keys}, state, p)
+            p = apply(p, updates)
+        return p, state
+
+    ours = run(make(modopt, dtype), modopt.apply_updates)
+    oracles = {
+        "z": run(make(optax, jnp.complex64), optax.apply_updates, ["z"]),
+        "r": run(make(optax, dtype), optax.apply_updates, ["r"]),
+    }
+    assert any(jnp.iscomplexobj(leaf) for path, leaf in flat(ours[1]) if "'z'" in path)
+    for path, leaf in flat(ours):
+        key = "z" if "'z'" in path else "r"
+        expected = dict(flat(oracles[key]))[path]
+        assert jnp.result_type(leaf) == jnp.result_type(expected), path
+        # On real leaves a bfloat16 state may round one unit apart from optax's (see check 4).
+        rtol = 2 * BF16_EPS if key == "r" and dtype == jnp.bfloat16 else 1e-6
+        pair = (np.asarray(x, np.complex128) for x in (leaf, expected))
+        np.testing.assert_allclose(*pair, rtol=rtol, atol=1e-7, err_msg=path)

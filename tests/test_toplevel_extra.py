@@ -534,6 +534,21 @@ def test_freeze_state_and_updates_are_optax(mask):
             assert_trees_equal(*[jax.tree.leaves(s) for s in (state, their_state)], rtol=1e-6)
 
 
+def test_freeze_state_reads_as_optax_state():
+    """Code ported from optax that inspects `freeze`'s state: its classes are modopt's own (a
+    library that does not import optax cannot share optax's), with optax's names and fields, so
+    equality, fields and `optax.tree.get` work as on optax's state. A tree-structure comparison
+    with an optax-built state (chex's `assert_trees_all_equal`) compares the classes themselves:
+    it fails for every modopt state, as in optax's own `test_freeze_updates` when optax's
+    `EmptyState` is not swapped for modopt's."""
+    for mask in FREEZE_MASKS.values():
+        ours, theirs = modopt.freeze(mask).init(NESTED), optax.transforms.freeze(mask).init(NESTED)
+        assert ours == theirs and ours.inner_state == optax.EmptyState()
+        assert (type(ours).__name__, ours._fields) == (type(theirs).__name__, theirs._fields)
+        assert type(ours.inner_state).__name__ == "EmptyState" and ours.inner_state._fields == ()
+        assert optax.tree.get(ours, "inner_state") == optax.tree.get(theirs, "inner_state")
+
+
 def test_selective_transform_takes_a_mask_function():
     """A departure: optax 0.2.8 maps its label function over a function `freeze_mask`, which
     freezes everything; modopt calls it on the parameters."""

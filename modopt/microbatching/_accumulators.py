@@ -176,13 +176,27 @@ def _concat(num_microbatches: int) -> Accumulator:
     )
 
 
+def _as_accumulation_type(entry: Any) -> Any:
+    """Ours for a member of another library's `AccumulationType` enum (optax's, ported code),
+    matched by member name; anything else unchanged (and rejected by `resolve`)."""
+    if (
+        isinstance(entry, enum.Enum)
+        and not isinstance(entry, AccumulationType)
+        and type(entry).__name__ == AccumulationType.__name__
+        and entry.name in AccumulationType.__members__
+    ):
+        return AccumulationType[entry.name]
+    return entry
+
+
 def resolve(accumulator: Any, num_microbatches: int) -> Accumulator:
     """One Accumulator for a tree of `Accumulator`s and `AccumulationType`s (a prefix of the
     function's output tree), for `num_microbatches` microbatches."""
 
-    def one(entry):
+    def one(path, entry):
         if isinstance(entry, Accumulator):
             return entry
+        entry = _as_accumulation_type(entry)
         if entry is AccumulationType.MEAN:
             return _mean(num_microbatches)
         if entry is AccumulationType.SUM:
@@ -191,12 +205,13 @@ def resolve(accumulator: Any, num_microbatches: int) -> Accumulator:
             return _running_mean()
         if entry is AccumulationType.CONCAT:
             return _concat(num_microbatches)
+        where = f" at accumulator{jax.tree_util.keystr(path)}" if path else ""
         raise ValueError(
-            f"Unknown accumulator: {entry!r} (expected an Accumulator or an AccumulationType: "
-            f"{', '.join(t.name for t in AccumulationType)})."
+            f"Unknown accumulator{where}: {entry!r} (expected an Accumulator or an AccumulationType: "
+            f"{', '.join(t.name for t in AccumulationType)}; optax's AccumulationType members work too)."
         )
 
-    tree = jax.tree_util.tree_map(one, accumulator)
+    tree = jax.tree_util.tree_map_with_path(one, accumulator)
     tree_map = jax.tree_util.tree_map
     return Accumulator(
         init=lambda values: tree_map(lambda acc, value: acc.init(value), tree, values),

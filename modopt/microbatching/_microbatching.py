@@ -105,8 +105,9 @@ def microbatch(
         microbatch_size: the number of examples per microbatch; it must divide the batch size.
             `None` returns `fun` unchanged.
         accumulator: how results combine: an `AccumulationType` (`SUM`, the default, `MEAN`,
-            `RUNNING_MEAN`, `CONCAT`), an `Accumulator`, or a pytree of them that is a prefix
-            of `fun`'s output (one per output).
+            `RUNNING_MEAN`, `CONCAT`; optax's `AccumulationType` members are read by name),
+            an `Accumulator`, or a pytree of them that is a prefix of `fun`'s output (one per
+            output).
         argnames: the names of the keyword arguments that have a batch axis.
         in_axes: the batch axis of each batch argument, in the order `argnums + argnames`,
             or one axis for all (default 0).

@@ -32,6 +32,7 @@ from modopt._base import owned_init, owned_transform
 from modopt._checks import align_gradients, check_state
 from modopt._extra_args import adapt_to_params, check_extra_args
 from modopt._grouping import packed, plan_groups, update_in_layout
+from modopt._layouts import with_model_layout
 from modopt._hyperparameters import (
     hyperparameters_with_state,
     set_hyperparameters_with_state,
@@ -242,7 +243,8 @@ class NnxOptimizer(nnx.Pytree):
         key: jax.Array | None = None,
         state_memory_kind: str | None = None,
     ):
-        tx = owned_transform(tx, "NnxOptimizer")
+        # Muon's dimension numbers left at their default: read off the model's layers.
+        tx = with_model_layout(owned_transform(tx, "NnxOptimizer"), model, "NnxOptimizer")
         # The transform and its state are one variable each (see the class docstring).
         self._hyperparameters = Hyperparameter(tx)
         self.wrt = wrt

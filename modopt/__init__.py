@@ -73,6 +73,7 @@ from ._numerics import safe_root_mean_squares as safe_root_mean_squares
 from ._masks import MaskOrFn as MaskOrFn
 from ._masks import WeightDecayMask as WeightDecayMask
 from ._masks import weight_decay_mask as weight_decay_mask
+from ._layouts import dimension_numbers as dimension_numbers
 from ._optimizer import Optimizer as Optimizer
 from ._quantization import QuantizedArray as QuantizedArray
 from ._quantization import quantize_blockwise as quantize_blockwise

@@ -23,6 +23,7 @@ from ._fields import (
     static,
 )
 from ._grouping import LeafGroups, packed, plan_groups, update_in_layout
+from ._layouts import with_model_layout
 from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state, single_learning_rate
 from ._numerics import safe_increment
 from ._offload import check_memory_kind, to_device, to_host
@@ -138,6 +139,8 @@ class Optimizer(Module):
         params = self.trainable(model)
         if not jax.tree_util.tree_leaves(params):
             raise ValueError(f"Optimizer: {_selects_nothing(wrt, model)}")
+        # Muon's dimension numbers left at their default: read off the model's layers.
+        self.tx = with_model_layout(self.tx, model, "Optimizer", params)
         self.signature = ModelSignature(model, params)
         make_compensation(compensation, None, key, "Optimizer")  # validates the arguments
         check_memory_kind(state_memory_kind, params, "Optimizer")

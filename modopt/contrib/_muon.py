@@ -6,7 +6,7 @@ The matrix machinery (dimension numbers, Newton-Schulz, shape scaling, labels) l
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -103,7 +103,8 @@ class ScaleByMuon(AbstractTransform):
         weight_dimension_numbers: which axes of each weight form the matrix (static): `None`
             (every parameter a matrix, rows the reduction axis), one `MuonDimensionNumbers` for
             all, a tree of them (`None` for a plain matrix) with the params' structure or a prefix
-            of it, or a function of the updates returning one.
+            of it, or a function of the updates returning one. `modopt.Optimizer(tx, model)` replaces a `None` by
+            the layout of the model's layers (`modopt.dimension_numbers`).
 
     Example:
         >>> tx = modopt.chain(modopt.contrib.scale_by_muon(), modopt.scale_by_learning_rate(0.02))
@@ -122,6 +123,7 @@ class ScaleByMuon(AbstractTransform):
     adaptive: bool = static(default=False, kw_only=True)
     preconditioning: str = choice("frobenius", PRECONDITIONINGS, kw_only=True)
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
 
     def __check_init__(self):
         check_ns_coeffs(self.ns_coeffs, self.ns_steps, type(self).__name__)
@@ -207,7 +209,8 @@ class Muon(AbstractComposite):
             the matrix (static): `None` (every rank-2 parameter, rows the reduction axis; Adam
             for the rest), one `MuonDimensionNumbers` for every parameter, or a tree of them
             with the params' structure or a prefix of it (`None` entries: Adam), or a function of
-            the params returning one. A bad entry is an error naming its path.
+            the params returning one. A bad entry is an error naming its path. `modopt.Optimizer(tx, model)` replaces a `None` by
+            the layout of the model's layers (`modopt.dimension_numbers`).
         consistent_rms: the target RMS of Muon's updates (0.2 matches AdamW's), or `None` for
             width scaling.
 
@@ -240,6 +243,7 @@ class Muon(AbstractComposite):
     adam_weight_decay: ScalarOrSchedule = fields.weight_decay(0.0, kw_only=True)
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
     muon_weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    dimension_numbers_field: ClassVar[str] = "muon_weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
     consistent_rms: Scalar | None = hyperparameter(None, check=fields.NONNEGATIVE, kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 

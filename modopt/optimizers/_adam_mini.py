@@ -25,6 +25,11 @@ class AdamMini(AbstractComposite):
     and MLPs per output neuron, norms per leaf; see `scale_by_adam_mini`). The reference code does
     not decay norms and biases: give `mask` for that (e.g. `modopt.weight_decay_mask`).
 
+    Layout: the default (one block per parameter) does not depend on it. An integer rule names
+    the axis stored by the model: a per-output-neuron block is axis 0 of an Equinox (and
+    PyTorch) `(out, in)` weight and axis -1 of a Flax `(in, out)` kernel;
+    `modopt.dimension_numbers(model)` tells each weight's `output_axis`.
+
     Args:
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
         b1: the decay rate of the first moment (the EMA of gradients), in [0, 1).

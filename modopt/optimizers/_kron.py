@@ -34,6 +34,13 @@ class Kron(AbstractComposite):
     PSGD's updates have an RMS of about 1 (capped at 1.1), so its learning rates are Adam's
     order of magnitude or below (the reference's default is 3e-4).
 
+    Layout: a matrix's two factors are alike, so `(in, out)` and `(out, in)` storage give the same
+    update, transposed. `merge_dims` sees a parameter of higher rank as the matrix
+    `(prod(shape[:-1]), shape[-1])`, as the JAX reference does: right for Flax's `(*spatial, in,
+    out)` convolution kernels (`(3, 3, 64, 128)` is `(576, 128)`), not for Equinox's `(out, in,
+    *spatial)` (`(128, 64, 3, 3)` becomes `(24576, 3)`, its long side diagonal); give such
+    kernels their own factors with `merge_dims=False`.
+
     Args:
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
         b1: the decay rate of the momentum, in [0, 1).

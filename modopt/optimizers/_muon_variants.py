@@ -7,7 +7,7 @@ The scale-by transforms (`scale_by_normuon`, `scale_by_adamuon`) are in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 
@@ -74,7 +74,7 @@ class NorMuon(AbstractComposite):
     param`, is the same. pytorch_optimizer's default AdamW part has `b2 = 0.95` and its own
     learning rate 3e-4; here Adam's rate is `learning_rate` unless `adam_learning_rate` is given.
     Weights in PyTorch's `(out, in)` layout take `MuonDimensionNumbers(reduction_axis=1,
-    output_axis=0)`.
+    output_axis=0)`; `modopt.Optimizer` gives them to Equinox's layers on its own.
 
     Sharding: the momentum follows each parameter, the neurons' second moment follows the
     parameter's output axes (see `scale_by_normuon`), and Adam's moments follow theirs.
@@ -111,7 +111,8 @@ class NorMuon(AbstractComposite):
             of their axes form the matrix (static), as in `modopt.contrib.muon`: `None` (every
             rank-2 parameter, rows the reduction axis; Adam for the rest), one
             `MuonDimensionNumbers` for every parameter, a tree of them with the params'
-            structure or a prefix of it (`None` entries: Adam), or a function of the params.
+            structure or a prefix of it (`None` entries: Adam), or a function of the params. `modopt.Optimizer(tx, model)` replaces a `None` by
+            the layout of the model's layers (`modopt.dimension_numbers`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.normuon(1e-3, weight_decay=0.1), model)
@@ -139,6 +140,7 @@ class NorMuon(AbstractComposite):
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
     adam_nesterov: bool = static(default=False, kw_only=True)
     muon_weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    dimension_numbers_field: ClassVar[str] = "muon_weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):
@@ -225,7 +227,8 @@ class AdaMuon(AbstractComposite):
             of their axes form the matrix (static), as in `modopt.contrib.muon`: `None` (every
             rank-2 parameter, rows the reduction axis; Adam for the rest), one
             `MuonDimensionNumbers` for every parameter, a tree of them with the params'
-            structure or a prefix of it (`None` entries: Adam), or a function of the params.
+            structure or a prefix of it (`None` entries: Adam), or a function of the params. `modopt.Optimizer(tx, model)` replaces a `None` by
+            the layout of the model's layers (`modopt.dimension_numbers`).
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.adamuon(1e-3, weight_decay=0.1), model)
@@ -254,6 +257,7 @@ class AdaMuon(AbstractComposite):
     adam_learning_rate: ScalarOrSchedule = fields.learning_rate(None, kw_only=True)
     adam_nesterov: bool = static(default=False, kw_only=True)
     muon_weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    dimension_numbers_field: ClassVar[str] = "muon_weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
 
     def build(self):

@@ -37,6 +37,15 @@ class Shampoo(AbstractComposite):
     defaults are those of `precondition.distributed_shampoo.distributed_shampoo` (the first
     fourteen in its order), except that `block_size` defaults to 128, the reference's advice.
 
+    Layout: a matrix is preconditioned on both sides, so `(in, out)` and `(out, in)` storage give
+    the same update, transposed. A kernel of higher rank is merged in its stored axis order
+    (`best_effort_shape_interpretation`: neighbouring dimensions while their product stays within
+    `merge_small_dims_block_size`): Flax's `(*spatial, in, out)` convolution kernel `(3, 3, 64,
+    128)` becomes the matrix `(576, 128)`, Equinox's `(out, in, *spatial)` `(128, 64, 3, 3)`
+    becomes `(128, 576)`, but `(32, 16, 3, 3)` becomes `(1536, 3)` where Flax's `(3, 3, 16, 32)`
+    gives `(144, 32)`. The reference is written for Flax's layout (see the docs page "Weight
+    layouts").
+
     Args:
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
         block_size: the largest block along any dimension (static); `<= 0`: no blocks.

@@ -32,6 +32,13 @@ class Soap(AbstractComposite):
     `weight_decay * params` at the start of the step added to the update, also at the first
     step; per step the two differ by `learning_rate * weight_decay` times the step, `O(lr^2)`.
 
+    Layout: without `merge_dims` (the default) every axis of a parameter has its own rotation,
+    so the axis order does not matter: Equinox's and Flax's layouts give the same update,
+    transposed. `merge_dims` merges neighbouring axes in stored order, as the reference does for
+    PyTorch's `(out, in, kh, kw)` convolution kernels (Equinox's layout);
+    `data_format="channels_last"` reads a 4-D kernel as `(out, kh, kw, in)`. Flax's `(kh, kw,
+    in, out)` kernels are merged in their own order.
+
     Args:
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
         b1: the decay rate of Adam's first moment, in [0, 1).

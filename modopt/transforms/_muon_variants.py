@@ -109,6 +109,7 @@ class _AbstractMuonVariant(AbstractTransform):
     and `weight_dimension_numbers` are declared by each)."""
 
     _owner: ClassVar[str]
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
 
     def _axes(self, tree: Any) -> list[Any]:
         return matrix_axes_per_leaf(self.weight_dimension_numbers, tree, self._owner)

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -369,6 +369,7 @@ class ScaleByShape(AbstractTransform):
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers)
     consistent_rms: Scalar | None = hyperparameter(None, check=fields.NONNEGATIVE)
     owner: str = static(default="muon", kw_only=True)
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
 
     def init(self, params):
         return init_empty_state(params)

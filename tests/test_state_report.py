@@ -11,6 +11,7 @@ import warnings
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import modopt
@@ -111,3 +112,26 @@ def test_shampoo_statistics_have_the_reference_shapes(reference):
     theirs = reference.distributed_shampoo(1e-3, block_size=128, best_effort_shape_interpretation=False).init(params)
     shapes = {k: [tuple(s.shape) for s in v.statistics] for k, v in theirs.stats.items()}
     assert {k: [tuple(s.shape[1:]) for s in v] for k, v in mine.items()} == shapes == {"w": [(10, 10), (64, 64)], "b": [(10, 10)]}
+
+
+def test_shampoo_small_statistics_share_one_root_program():
+    """Without a mesh, statistics of sizes 2 to 64 with one root are padded to the largest and
+    rooted in one batch: four vectors of four sizes lower to as many loops as one vector (each
+    batch of roots is a program of its own, seconds to compile), with the roots of each size
+    alone (the padded root is the root, padded)."""
+    tx = modopt.scale_by_shampoo(start_preconditioning_step=0, graft_type="none", beta1=0.0, nesterov=False)
+    sizes = (10, 16, 33, 64)
+    params = {f"b{n}": jnp.zeros((n,)) for n in sizes}
+    grads = {f"b{n}": jax.random.normal(jax.random.key(n), (n,)) for n in sizes}
+
+    def loops(p):
+        g = {k: grads[k] for k in p}
+        return jax.jit(lambda g, s: tx.update(g, s)).lower(g, tx.init(p)).as_text().count("stablehlo.while")
+
+    assert loops(params) == loops({"b10": params["b10"]})
+    together, _ = tx.update(grads, tx.init(params))
+    for n in sizes:
+        alone, _ = tx.update({"b": grads[f"b{n}"]}, tx.init({"b": params[f"b{n}"]}))
+        # A one-step statistic (rank one, damped by 1e-6 of its largest eigenvalue) has a
+        # condition number of 1e6: float32 determines its root to ~1e-4 (see test_shampoo.py).
+        np.testing.assert_allclose(together[f"b{n}"], alone["b"], rtol=1e-4, atol=1e-4 * float(jnp.abs(alone["b"]).max()))

@@ -51,6 +51,10 @@ _RETRY_ERROR = 0.05
 # Gradients' entries are brought within 2**16 before their products are summed into statistics
 # (which the roots square again): see `ScaleByShampoo._statistics`.
 _BOUND = 16
+# Without a mesh, the statistics of at most this size (above 1) and one root are padded to the
+# largest of them and share one batched inverse root: each distinct batch is a program of its
+# own, which takes seconds to compile, and a model's biases and small blocks come in many sizes.
+_SMALL = 64
 
 
 def as_graft_type(value: Any) -> Any:
@@ -245,7 +249,9 @@ class ScaleByShampoo(AbstractTransform):
     computed there on whole blocks, and the preconditioned blocks come back. The grafting
     state and momenta follow the parameters, and the grafting and the norm rescaling run where
     the parameters live. Without a mesh, each parameter's blocks are computed in its own
-    layout (the roots of all blocks of one size and root in one batch).
+    layout (the roots of all blocks of one size and root in one batch; blocks of at most 64
+    rows, of all sizes, padded to the largest of them, in one batch: each batch is a program
+    of its own, seconds to compile).
 
     Checked against `precondition.distributed_shampoo.distributed_shampoo` (precondition-opt
     0.3.0, the JAX reference of the paper's authors) step by step: updates and states, every
@@ -609,24 +615,34 @@ class ScaleByShampoo(AbstractTransform):
         them under one `lax.cond`).
 
         Without a mesh, the statistics of one block size and root are concatenated over the
-        parameters, so one batched inverse root serves them all (with each block's true size as
+        parameters (those of sizes 2 to `_SMALL` zero-padded to the largest of them: the padded
+        root is the root, padded), so one batched inverse root serves them all (with each block's true size as
         its padding start, where some are padded: a full block's mask is all ones, which
         changes none of its numbers). On a mesh, each stack's statistics of each dimension are
         one batch, computed where the stack lies."""
         groups: dict[tuple, list] = {}
+        small = {}  # per root, the largest small size
+        for i, stats in enumerate(statistics):
+            for s in stats:
+                if 1 < s.shape[-1] <= _SMALL:  # a 1 x 1 statistic's root is exact on its own
+                    small[exponents[i]] = max(small.get(exponents[i], 0), s.shape[-1])
         for i, stats in enumerate(statistics):
             for j, s in enumerate(stats):
-                key = (s.shape[-1], exponents[i]) if mesh is None else (i, j)
+                size = small[exponents[i]] if 1 < s.shape[-1] <= _SMALL else s.shape[-1]
+                key = (size, exponents[i]) if mesh is None else (i, j)
                 groups.setdefault(key, []).append((i, j))
         keys = list(groups)
-        stacked = [_concatenate([statistics[i][j] for i, j in groups[k]]) for k in keys]
-        old = [_concatenate([preconditioners[i][j] for i, j in groups[k]]) for k in keys]
+        width = [max(statistics[i][j].shape[-1] for i, j in groups[k]) for k in keys]
+        stacked = [_concatenate([_pad_to(statistics[i][j], w) for i, j in groups[k]]) for k, w in zip(keys, width)]
+        old = [_concatenate([_pad_to(preconditioners[i][j], w) for i, j in groups[k]]) for k, w in zip(keys, width)]
         log2_scales = [_concatenate([scales[i] for i, _ in groups[k]]) for k in keys]
         valid = [_concatenate([extras[i][0][:, j] for i, j in groups[k]]) for k in keys]
         active = [
             _concatenate([extras[i][1] for i, _ in groups[k]]) if len(extras[0]) > 1 else None for k in keys
         ]
-        masked = [any(padded[i][j] for i, j in groups[k]) for k in keys]
+        masked = [
+            any(padded[i][j] or statistics[i][j].shape[-1] < w for i, j in groups[k]) for k, w in zip(keys, width)
+        ]
 
         def compute(stacked, old, log2_scales):
             new = []
@@ -649,8 +665,9 @@ class ScaleByShampoo(AbstractTransform):
         for k, stack in zip(keys, new):
             start = 0
             for i, j in groups[k]:
-                n = statistics[i][j].shape[0]
-                result[i][j] = stack[start : start + n] if len(groups[k]) > 1 else stack
+                n, size = statistics[i][j].shape[0], statistics[i][j].shape[-1]
+                piece = stack[start : start + n] if len(groups[k]) > 1 else stack
+                result[i][j] = piece[:, :size, :size] if size < piece.shape[-1] else piece
                 start += n
         return [tuple(p) for p in result]
 
@@ -743,6 +760,12 @@ def _concatenate(arrays: list) -> Any:
     if len(arrays) == 1:
         return arrays[0]
     return (np if all(isinstance(a, np.ndarray) for a in arrays) else jnp).concatenate(arrays)
+
+
+def _pad_to(matrices: jax.Array, size: int) -> jax.Array:
+    """A stack of square matrices zero-padded at the end of both axes to `size`."""
+    extra = size - matrices.shape[-1]
+    return matrices if extra == 0 else jnp.pad(matrices, ((0, 0), (0, extra), (0, extra)))
 
 
 def _inside_blocks(units: UnitMap, spec: PartitionSpec, mesh: Any) -> PartitionSpec | None:

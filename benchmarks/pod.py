@@ -204,9 +204,12 @@ def train_step(params, optimizer, tokens):
 
 
 def state_bytes(optimizer) -> tuple[int, int]:
-    """(all the state's bytes, the most that one device holds), read off the arrays."""
+    """(all the state's bytes, the most that one device holds), read off the arrays. The total
+    counts the owner scheme's stacks without their padding units (`modopt.sharding.unpadded`:
+    zeros stored so that each device owns as many units), the most per device with them."""
+    logical = [x for x in jax.tree_util.tree_leaves(modopt.sharding.unpadded(optimizer).state) if hasattr(x, "dtype")]
+    total = sum(x.size * x.dtype.itemsize for x in logical)
     leaves = [x for x in jax.tree_util.tree_leaves(optimizer.state) if hasattr(x, "dtype")]
-    total = sum(x.size * x.dtype.itemsize for x in leaves)
     held: dict = {}
     for x in leaves:
         for shard in x.addressable_shards:
@@ -311,7 +314,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
             sharded = compiled(*sharded, jax.device_put(g, shardings))
             jax.block_until_ready(sharded)  # queued sharded steps can deadlock XLA's CPU collectives
         one = _one_device_steps(name, size["layers"], size["width"], size["vocab"], check_steps)
-        row["difference from one device"] = _relative_difference((sharded[0], sharded[1].state), one)
+        row["difference from one device"] = _relative_difference((sharded[0], modopt.sharding.unpadded(sharded[1]).state), one)
     if time_steps:
         row["optimizer step seconds"] = timed(compiled, (params, optimizer, grads), size["repeats"])
         params = _put(host_params, shardings)

@@ -38,6 +38,7 @@ bytes, so the checksum does not depend on where the data lives either.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import sys
 from typing import Any
@@ -51,6 +52,7 @@ from modopt._hyperparameters import _hyperparameter_index, _state_index
 from modopt._module import Constant
 from modopt._optimizer import Optimizer
 from modopt._quantization import QuantizedArray
+from modopt.sharding._shardings import owned_units
 
 
 def is_constant(x: Any) -> bool:
@@ -78,6 +80,7 @@ class Leaf:
     checksum: str = ""  # for arrays and keys, once computed
     data: Any = None  # the array to write (not in the record)
     quantized: dict | None = None  # for the arrays of a `QuantizedArray`: its layout (see the module)
+    units: int | None = None  # for a stack of the owner scheme (`OWNED`): its units, before any padding
 
     def record(self) -> dict:
         record = {"path": self.path, "kind": self.kind}
@@ -91,6 +94,8 @@ class Leaf:
             record["checksum"] = self.checksum
         if self.quantized is not None:
             record["quantized"] = dict(self.quantized)
+        if self.units is not None:
+            record["units"] = self.units
         return record
 
     def describe(self) -> str:
@@ -111,15 +116,49 @@ class Leaf:
 def leaves_of(item: Any) -> list[Leaf]:
     """The records of `item`'s leaves, with the arrays to write (in the order of its leaves)."""
     found = []
+    units = _stacks_of(item)
     is_quantized = lambda x: isinstance(x, QuantizedArray)  # noqa: E731
     for path, node in jax.tree_util.tree_flatten_with_path(item, is_leaf=lambda x: is_constant(x) or is_quantized(x))[0]:
         if not is_quantized(node):
-            found.append(_leaf(jax.tree_util.keystr(path), node))
+            found.append(dataclasses.replace(_leaf(jax.tree_util.keystr(path), node), units=units.get(id(node))))
             continue
         layout = {"block_size": node.block_size, "quantization": node.quantization, "dtype": np.dtype(node.dtype).name}
         for inner, leaf in jax.tree_util.tree_flatten_with_path(node)[0]:
             found.append(dataclasses.replace(_leaf(jax.tree_util.keystr(path + inner), leaf), quantized=layout))
     return found
+
+
+def _stacks_of(item: Any) -> dict[int, int]:
+    """The state leaves of the `Optimizer`s in `item` that stack units of the owner scheme
+    (`OWNED`), by `id`: how many units each holds. An `Optimizer` made with shardings stores
+    them padded to a multiple of its mesh's device count, so the same state has other lengths
+    on other meshes; a restore re-pads (`restacked`)."""
+    found: dict[int, int] = {}
+    for node in jax.tree_util.tree_leaves(item, is_leaf=lambda x: isinstance(x, Optimizer)):
+        if not isinstance(node, Optimizer):
+            continue
+        try:
+            units = owned_units(node)
+        except Exception:  # noqa: BLE001 - a transform whose rule cannot be read has no stacks to re-pad
+            continue
+        for leaf, n in zip(jax.tree_util.tree_leaves(node.state), units):
+            if n is not None:
+                found[id(leaf)] = n
+    return found
+
+
+def restacked(saved: Leaf, target: Leaf) -> bool:
+    """Whether `saved` and `target` are the same stack of units of the owner scheme stored with
+    other padding (another device count): the saved array restores into the target's shape,
+    its units kept and its padding units (zeros) dropped or added."""
+    if saved.kind != "array" or target.kind != "array" or saved.dtype != target.dtype:
+        return False
+    if (saved.units is None and target.units is None) or not saved.shape or not target.shape:
+        return False
+    if tuple(saved.shape[1:]) != tuple(target.shape[1:]):
+        return False
+    units = [leaf.units if leaf.units is not None else leaf.shape[0] for leaf in (saved, target)]
+    return units[0] == units[1] and units[0] <= min(saved.shape[0], target.shape[0])
 
 
 def _leaf(path: str, x: Any) -> Leaf:
@@ -184,6 +223,7 @@ def from_record(record: dict) -> Leaf:
         record.get("value"),
         record.get("checksum", ""),
         quantized=record.get("quantized"),
+        units=record.get("units"),
     )
 
 
@@ -214,7 +254,7 @@ def _agree(saved: Leaf, target: Leaf) -> bool:
     # 8-bit codes mean nothing with other tables or blocks (a record without a layout is older).
     if saved.quantized is not None and saved.quantized != target.quantized:
         return False
-    if _signature(saved) == _signature(target):
+    if _signature(saved) == _signature(target) or restacked(saved, target):
         return True
     # A checkpoint written before strings were saved has them as `static`: the target's stays.
     if saved.kind == "static" and target.kind == "value" and value_kind(target.value) == "str":
@@ -454,9 +494,19 @@ def _checksum(x: jax.Array) -> jax.Array:
     return jnp.stack([jnp.sum(a, dtype=jnp.uint32), jnp.sum(b, dtype=jnp.uint32)])
 
 
-@jax.jit
-def _checksums(arrays: list[jax.Array]) -> list[jax.Array]:
-    return [_checksum(x) for x in arrays]
+@functools.partial(jax.jit, static_argnames="rows")
+def _checksums(arrays: list[jax.Array], rows: tuple[int | None, ...] | None = None) -> list[jax.Array]:
+    rows = (None,) * len(arrays) if rows is None else rows
+    return [_checksum(_resized(x, n, jnp)) for x, n in zip(arrays, rows)]
+
+
+def _resized(x: Any, rows: int | None, xp: Any) -> Any:
+    """`x` with `rows` rows along axis 0: cut, or extended with zeros (`xp`: jnp or np)."""
+    if rows is None or rows == x.shape[0]:
+        return x
+    if rows < x.shape[0]:
+        return x[:rows]
+    return xp.concatenate([x, xp.zeros((rows - x.shape[0], *x.shape[1:]), x.dtype)])
 
 
 def _host_words(x: np.ndarray) -> np.ndarray:
@@ -491,20 +541,23 @@ def _host_checksum(words: np.ndarray) -> tuple[int, int]:
 _HOST_ELEMENTS = 2**20
 
 
-def checksums(arrays: list[Any]) -> list[str]:
+def checksums(arrays: list[Any], rows: list[int | None] | None = None) -> list[str]:
     """One hex checksum per array. NumPy arrays and small arrays of this process are summed on
     the host; the others on their devices, one compiled call per set of devices they live on
     (usually one). Both give the same numbers for the same bytes (`_words` of words is the
-    words themselves), whatever the sharding."""
+    words themselves), whatever the sharding. `rows` (per array, or `None`) gives an array's
+    checksum as it was saved with that many rows along axis 0: a stack of units read with
+    other padding (`restacked`), its padding rows zero."""
+    rows = [None] * len(arrays) if rows is None else rows
     found: list[str] = [""] * len(arrays)
     groups: dict[frozenset, list[int]] = {}
     for i, x in enumerate(arrays):
         if not isinstance(x, jax.Array) or (x.is_fully_addressable and x.size <= _HOST_ELEMENTS):
-            found[i] = "{:08x}{:08x}".format(*_host_checksum(_host_words(np.asarray(x))))
+            found[i] = "{:08x}{:08x}".format(*_host_checksum(_host_words(_resized(np.asarray(x), rows[i], np))))
         else:
             groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
     for indices in groups.values():
-        values = jax.device_get(_checksums([arrays[i] for i in indices]))
+        values = jax.device_get(_checksums([arrays[i] for i in indices], rows=tuple(rows[i] for i in indices)))
         for i, v in zip(indices, values):
             found[i] = f"{int(v[0]):08x}{int(v[1]):08x}"
     return found

@@ -44,6 +44,7 @@ differs. `hyperparameters="saved"` takes the checkpoint's instead.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime
 import operator
 import os
@@ -284,7 +285,10 @@ class CheckpointManager:
             for name, plan in plans.items()
         }
         abstract = {name: leaves for name, leaves in abstract.items() if leaves}
-        restored = self._read_arrays(step, abstract) if abstract else {}
+        resized = {
+            (name, f"leaf_{i}") for name, plan in plans.items() for i, (saved, x) in enumerate(plan) if _resized(x, saved)
+        }
+        restored = self._read_arrays(step, abstract, resized) if abstract else {}
         self._verify(step, plans, restored)
 
         kept: dict[str, dict[int, str]] = {}
@@ -361,7 +365,7 @@ class CheckpointManager:
             )
         return list(zip(saved, jax.tree_util.tree_leaves(like, is_leaf=is_constant)))
 
-    def _read_arrays(self, step: int, abstract: dict) -> dict:
+    def _read_arrays(self, step: int, abstract: dict, resized: set = frozenset()) -> dict:
         ocp = _orbax()
         try:
             # Items not asked for are not read (`partial_restore`). NumPy data is read as NumPy.
@@ -371,6 +375,8 @@ class CheckpointManager:
                 else ocp.checkpoint_utils.construct_restore_args(x),
                 abstract,
             )
+            for name, key in resized:  # read at the target's length: saved padding cut, or zeros added
+                restore_args[name][key] = dataclasses.replace(restore_args[name][key], strict=False)
             arrays = ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=True)
             restored = self._manager.restore(step, args=ocp.args.Composite(**{_ARRAYS: arrays}))
         except Exception as error:  # noqa: BLE001
@@ -379,13 +385,14 @@ class CheckpointManager:
 
     def _verify(self, step: int, plans: dict, restored: dict) -> None:
         read = [
-            (name, leaf, restored[name][f"leaf_{i}"])
+            (name, leaf, restored[name][f"leaf_{i}"], leaf.shape[0] if _resized(x, leaf) else None)
             for name, plan in plans.items()
-            for i, (leaf, _) in enumerate(plan)
+            for i, (leaf, x) in enumerate(plan)
             if leaf.kind in ("array", "key")
         ]
-        found = checksums([array for _, _, array in read])  # one compiled call for all items
-        for (name, leaf, _), checksum in zip(read, found):
+        # One compiled call for all items; an array read at another length, as it was saved.
+        found = checksums([array for _, _, array, _ in read], [rows for *_, rows in read])
+        for (name, leaf, _, _), checksum in zip(read, found):
             if checksum != leaf.checksum:
                 raise CheckpointError(
                     f"Checksum mismatch in {name!r} at {leaf.path or 'the root'}, step {step}: the data read differs from "
@@ -505,7 +512,16 @@ def _abstract(x: Any, saved: Leaf) -> Any:
     if saved.kind == "key":
         shape = tuple(saved.shape) + tuple(jax.random.key_data(jax.random.key(0, impl=saved.impl)).shape)
         return jax.ShapeDtypeStruct(shape, jnp.uint32, sharding=_key_data_sharding(sharding, len(shape)))
-    return jax.ShapeDtypeStruct(tuple(saved.shape), jnp.dtype(saved.dtype), sharding=sharding)
+    # A stack of units saved with other padding (`restacked`, checked by `_plan`) is read at the
+    # target's length: Orbax drops the saved padding units, or adds zero ones.
+    shape = tuple(np.shape(x)) if _resized(x, saved) else tuple(saved.shape)
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(saved.dtype), sharding=sharding)
+
+
+def _resized(x: Any, saved: Leaf) -> bool:
+    """Whether the target leaf `x` takes the saved array at another length (a stack of units
+    stored with other padding: the only difference of shape `_plan` lets through)."""
+    return saved.kind == "array" and hasattr(x, "shape") and tuple(np.shape(x)) != tuple(saved.shape)
 
 
 def _key_data_sharding(sharding: Any, ndim: int) -> Any:

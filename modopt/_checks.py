@@ -12,6 +12,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from ._trees import is_none
 
@@ -229,15 +230,34 @@ def check_state(transform: Any, state: Any, params: Any) -> None:
             f"The optimizer state does not belong to this transform ({where}): found "
             f"{_first_difference(expected, state)}. Was it made by another optimizer's init?"
         )
-    for (path, want), got in zip(
-        jax.tree_util.tree_flatten_with_path(expected)[0], jax.tree_util.tree_leaves(state)
+    owned = None
+    for i, ((path, want), got) in enumerate(
+        zip(jax.tree_util.tree_flatten_with_path(expected)[0], jax.tree_util.tree_leaves(state))
     ):
-        if jnp.shape(got) != want.shape or jnp.result_type(got) != want.dtype:
+        shape = jnp.shape(got)
+        if shape != want.shape and shape[1:] == want.shape[1:] and shape and shape[0] > want.shape[0]:
+            # A stack of the owner scheme stored with padding units (an `Optimizer` on a mesh).
+            owned = _owned_leaves(transform, params, expected) if owned is None else owned
+            shape = want.shape if owned[i] else shape
+        if shape != want.shape or jnp.result_type(got) != want.dtype:
             raise ValueError(
                 f"The optimizer state at {jax.tree_util.keystr(path)} has shape {jnp.shape(got)} and dtype "
                 f"{jnp.result_type(got)}, but {where} expects {want.shape} {want.dtype}. "
                 "Was it made by another optimizer's init, or for other parameters?"
             )
+
+
+def _owned_leaves(transform: Any, params: Any, expected: Any) -> list[bool]:
+    """Per leaf of the state `expected`, whether `transform`'s rule puts it on the owner scheme's
+    owners (`OWNED`: a stack of units, which may be stored padded)."""
+    from ._specs import Owned
+
+    try:
+        specs = transform.state_specs(params, jax.tree_util.tree_map(lambda _: PartitionSpec(), params))
+        rules = jax.tree_util.tree_structure(expected).flatten_up_to(specs)
+    except Exception:  # noqa: BLE001 - a transform without a rule for these params has no stacks
+        return [False] * len(jax.tree_util.tree_leaves(expected))
+    return [isinstance(rule, Owned) for rule in rules]
 
 
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:

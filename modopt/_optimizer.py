@@ -159,8 +159,9 @@ class Optimizer(Module):
             return
         self.groups = None
         abstract_state = jax.eval_shape(self.tx.init, params)
+        # The owner scheme's stacks stored padded: every device owns as many units (`padded_length`).
         self.layout = derive_layout(
-            self.tx, self.signature, abstract_state, shardings, mesh, zero_axis, memory_kind=state_memory_kind
+            self.tx, self.signature, abstract_state, shardings, mesh, zero_axis, memory_kind=state_memory_kind, pad_owned=True
         )
         if len(set(getattr(self.layout.mesh, "axis_types", ()))) > 1:
             raise ValueError(

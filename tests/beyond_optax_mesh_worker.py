@@ -247,7 +247,13 @@ def main(directory, names):
                 tolerance = None if target == "A" else TOLERANCE[name]
                 worst = max(
                     compare(params, straight[name][0], f"{name} on {target}: params", tolerance),
-                    compare(optimizer.state, straight[name][1].state, f"{name} on {target}: state", tolerance),
+                    # The owner scheme's stacks without their padding units (their number depends on the mesh).
+                    compare(
+                        modopt.sharding.unpadded(optimizer).state,
+                        modopt.sharding.unpadded(straight[name][1]).state,
+                        f"{name} on {target}: state",
+                        tolerance,
+                    ),
                 )
                 shown = "bit for bit" if tolerance is None else f"largest relative difference {worst:.1e}"
                 print(f"ok {name} {target}: {shown} ({time.perf_counter() - start:.1f} s)")

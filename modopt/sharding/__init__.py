@@ -21,9 +21,11 @@ from ._owners import UnitStacks as UnitStacks
 from ._owners import current_mesh as current_mesh
 from ._owners import owner_mesh as owner_mesh
 from ._owners import owner_spec as owner_spec
+from ._owners import padded_length as padded_length
 from ._owners import run_per_unit as run_per_unit
 from ._owners import spec_of as spec_of
 from ._owners import specs_of as specs_of
 from ._shardings import Layout as Layout
 from ._shardings import bytes_per_device as bytes_per_device
 from ._shardings import shardings as shardings
+from ._shardings import unpadded as unpadded

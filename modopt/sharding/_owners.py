@@ -17,11 +17,13 @@ and computed N times, or split with collectives inside every iteration. Here ins
 5. the results come back the same way, laid out as they came.
 
 State that belongs to units (Shampoo's statistics, SOAP's eigenbases, Kron's factors) is kept
-stacked in the optimizer state, on its owners (the spec `OWNED`), and never moves. A stored
-stack's length is its number of units, whatever the mesh, so a checkpoint restores onto any
-mesh; it is split over the mesh axes whose product is the largest divisor of that length
-(`owner_axes`), and replicated over the others. A stack without state is padded with zero
-units to a multiple of the device count and split over all of them.
+stacked in the optimizer state, on its owners (the spec `OWNED`), and never moves. A transform's
+`init` makes a stack of its units; an `Optimizer` made with shardings stores it padded with zero
+units to a multiple of the device count (`padded_length`), so that every device owns as many
+units as any other (a checkpoint of it restores onto another device count by re-padding, see
+`modopt.integrations.orbax`). A stored stack is split over the mesh axes whose product is the
+largest divisor of its length (`owner_axes`; all of them, for a padded stack), and replicated
+over the others. A stack without state is padded likewise for the work alone.
 
 Without a mesh (or on one device), `run_per_unit` hands the transform each leaf's own units:
 the single-device code path, unchanged.
@@ -162,13 +164,28 @@ def owner_spec(count: int, mesh: Any) -> PartitionSpec:
     return _spec(owner_axes(count, mesh))
 
 
-def _owner_layout(count: int, mesh: Any, pad: bool) -> tuple[NamedSharding, int]:
-    """The sharding of a stack of `count` units, and its length once padded: with `pad`, split
-    over every device, its length a multiple of the device count; without, over `owner_axes`."""
-    if not pad:
-        return NamedSharding(mesh, owner_spec(count, mesh)), count
+def padded_length(count: int, mesh: Any) -> int:
+    """The length of a stack of `count` units padded to a multiple of the mesh's device count:
+    what an `Optimizer` made with shardings stores (`OWNED` state), so that every device owns
+    the same number of units.
+
+    Args:
+        count: the number of units in the stack.
+        mesh: the mesh (`None`, or a single device: no padding).
+    """
+    size = 1 if mesh is None else mesh.size
+    return -(-count // size) * size
+
+
+def _owner_layout(count: int, mesh: Any, stored: int | None) -> tuple[NamedSharding, int]:
+    """The sharding of a stack of `count` units, and its length once padded. A stack without
+    state is padded to a multiple of the device count and split over every device; one with
+    state keeps the length its state is stored with (`stored`, at least `count`: padded or not)
+    and is split as that state is (`owner_axes`), so that the state never moves."""
+    if stored is not None:
+        return NamedSharding(mesh, owner_spec(stored, mesh)), stored
     axes = tuple(name for name in mesh.axis_names if mesh.shape[name] > 1)
-    return NamedSharding(mesh, _spec(axes)), -(-count // mesh.size) * mesh.size
+    return NamedSharding(mesh, _spec(axes)), padded_length(count, mesh)
 
 
 class UnitMap(NamedTuple):
@@ -381,7 +398,10 @@ def run_per_unit(
     - On a mesh of several devices, a piece is a whole stack of `stacks`, split over the
       devices: every unit's work runs on its owner, the inputs and outputs move there and
       back, the state stays. A stack without state is padded with zero units to a multiple
-      of the device count (their outputs are dropped).
+      of the device count (their outputs are dropped); one with state is worked on at the
+      length its state is stored with, padding units included (an `Optimizer` on a mesh
+      stores it padded to a multiple of the device count, `padded_length`), split as the
+      state is. A padding unit gets zero inputs, and its state stays zero.
     - Without one, a piece is one leaf's units (with its rows of its stack's state): the
       single-device code path, unchanged.
 
@@ -389,7 +409,8 @@ def run_per_unit(
         fn: the per-matrix work, as above.
         stacks: which leaves' units stack together (`None` kinds where `leaves` has `None`).
         leaves: per leaf, its `LeafUnits`, or `None` for a leaf without units.
-        state: per stack, the state of its units (`None`: no state).
+        state: per stack, the state of its units (`None`: no state): its arrays' axis 0 has
+            one row per unit, then possibly zero rows of padding units.
         mesh: the mesh (`current_mesh()`), or `None`.
         extras: per leaf, a small array (or a pytree of them) with one row per unit that the
             work also needs (a PRNG key per unit, say): handed to `fn` after the inputs, in each
@@ -416,10 +437,15 @@ def run_per_unit(
         for leaf, out, leaf_state in zip(order, outs, new):
             per_leaf[leaf] = tuple(leaves[leaf].units.from_units(y) for y in out)
             new_rows[leaf] = leaf_state
-        return per_leaf, None if state is None else stacks.stack(new_rows)
+        if state is None:
+            return per_leaf, None
+        # A state stored padded (by an `Optimizer` on a mesh) keeps its length, zero padding.
+        lengths = [_stored_length(st, stacks, s) for s, st in enumerate(state)]
+        return per_leaf, [_pad_tree(st, n) for st, n in zip(stacks.stack(new_rows), lengths)]
 
     states = list(state) if state is not None else [None] * len(stacks)
-    moves = [_Move(stacks, s, leaves, mesh, pad=states[s] is None) for s in range(len(stacks))]
+    lengths = [None if st is None else _stored_length(st, stacks, s) for s, st in enumerate(states)]
+    moves = [_Move(stacks, s, leaves, mesh, stored=lengths[s]) for s in range(len(stacks))]
     pieces = [move.to_owners() for move in moves]
     if extras is not None:  # small per-unit data: made whole on every device, each owner takes its rows
         replicated = NamedSharding(mesh, PartitionSpec())
@@ -434,8 +460,37 @@ def run_per_unit(
     for move, out in zip(moves, outs):
         for leaf, arrays in move.from_owners(out).items():
             per_leaf[leaf] = arrays
-    new_states = None if state is None else [_constrain(st, move.owner_sharding) for st, move in zip(new, moves)]
-    return per_leaf, new_states
+    if state is None:
+        return per_leaf, None
+    # The padding units' state stays zero, whatever the work made of their zero inputs.
+    new = [_zero_padding(st, move.size, move.owner_sharding) for st, move in zip(new, moves)]
+    return per_leaf, [_constrain(st, move.owner_sharding) for st, move in zip(new, moves)]
+
+
+def _stored_length(state: Any, stacks: UnitStacks, stack: int) -> int:
+    """The length a stack's state is stored with: its number of units, or more (padding units
+    at the end, as an `Optimizer` on a mesh stores it)."""
+    lengths = {int(jnp.shape(x)[0]) for x in jax.tree_util.tree_leaves(state)}
+    size = stacks.size(stack)
+    if len(lengths) != 1 or min(lengths) < size:
+        raise ValueError(
+            f"The state of the stack of units of kind {stacks.kinds[stack]} has leading axes of lengths "
+            f"{sorted(lengths)}, but the parameters make {size} units of that kind: the state was made for "
+            "other parameters."
+        )
+    return lengths.pop()
+
+
+def _zero_padding(tree: Any, size: int, sharding: NamedSharding) -> Any:
+    """`tree`'s arrays with their rows from `size` on (padding units) set to zero."""
+
+    def zero(x):
+        if x.shape[0] == size:
+            return x
+        rows = jax.lax.with_sharding_constraint(jnp.arange(x.shape[0]) < size, sharding)
+        return jnp.where(rows.reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+    return jax.tree_util.tree_map(zero, tree)
 
 
 _LOCAL: contextvars.ContextVar[bool] = contextvars.ContextVar("modopt_owner_local", default=False)
@@ -493,14 +548,14 @@ class _Move:
     unpacked there, member by member's layout; the way back is the reverse.
     """
 
-    def __init__(self, stacks: UnitStacks, stack: int, leaves: Sequence[LeafUnits | None], mesh: Any, pad: bool):
+    def __init__(self, stacks: UnitStacks, stack: int, leaves: Sequence[LeafUnits | None], mesh: Any, stored: int | None):
         self.mesh = mesh
         self.members = stacks.members[stack]
         self.leaves = [leaves[leaf] for leaf in self.members]
         self.counts = [stacks.counts[leaf] for leaf in self.members]
         self.unit_shape = self.leaves[0].units.unit_shape
         self.size = sum(self.counts)
-        self.owner_sharding, self.length = _owner_layout(self.size, mesh, pad)
+        self.owner_sharding, self.length = _owner_layout(self.size, mesh, stored)
         self.layouts = _common_layouts(self.leaves, self.unit_shape, mesh)
         self.common = () if self.layouts is None else tuple(a for a in mesh.axis_names if any(a in d for d in self.layouts[0]))
 

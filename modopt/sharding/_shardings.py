@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -14,7 +15,7 @@ from .._checks import _first_difference
 from .._offload import place, with_memory_kind
 from .._signature import ModelSignature
 from .._specs import NoRule, Owned, is_spec, padded
-from ._owners import more_specs, owner_spec
+from ._owners import _pad, more_specs, owner_spec, padded_length
 
 
 class Layout:
@@ -29,14 +30,17 @@ class Layout:
             where frozen).
         state: the `NamedSharding` of each state leaf, with the state's structure (in memory kind
             `pinned_host` for an optimizer that keeps its state on the host).
+        lengths: per state leaf (in the order of its leaves), the length its axis 0 is padded
+            to by `init` (a stack of the owner scheme, `OWNED`), or `None`; default: none.
     """
 
-    __slots__ = ("_hash", "_key", "mesh", "params", "state")
+    __slots__ = ("_hash", "_key", "lengths", "mesh", "params", "state")
 
-    def __init__(self, mesh: Any, params: Any, state: Any):
+    def __init__(self, mesh: Any, params: Any, state: Any, lengths: tuple[int | None, ...] | None = None):
         self.mesh = mesh
         self.params = params  # the params' structure (`None` where frozen)
         self.state = state  # the state's structure
+        self.lengths = lengths
         self._key = (
             jax.tree_util.tree_structure(params),
             tuple(jax.tree_util.tree_leaves(params)),
@@ -50,8 +54,9 @@ class Layout:
         return NamedSharding(self.mesh, PartitionSpec())
 
     def init(self, tx: Any, params: Any) -> Any:
-        """`tx.init(params)` created directly on this layout: never whole on one device."""
-        return jax.jit(_init, out_shardings=self.state)(tx, params)
+        """`tx.init(params)` created directly on this layout: never whole on one device (the
+        owner scheme's stacks padded to `lengths` with zero units)."""
+        return jax.jit(functools.partial(_init, lengths=self.lengths), out_shardings=self.state)(tx, params)
 
     def impose(self, params: Any, state: Any) -> tuple[Any, Any]:
         """`params` and `state` constrained to this layout (inside a jitted step), the state
@@ -150,8 +155,12 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
     )
 
 
-def _init(tx: Any, params: Any) -> Any:
-    return tx.init(params)
+def _init(tx: Any, params: Any, lengths: tuple[int | None, ...] | None = None) -> Any:
+    state = tx.init(params)
+    if lengths is None:
+        return state
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    return treedef.unflatten([x if n is None else _pad(x, n) for x, n in zip(leaves, lengths)])
 
 
 def params_layout(tx: Any, params: Any, param_shardings: Any, zero_axis: str | None = None, state: Any = None) -> Layout:
@@ -171,10 +180,12 @@ def derive_layout(
     zero_axis: str | None,
     groups: Any = None,
     memory_kind: str | None = None,
+    pad_owned: bool = False,
 ) -> Layout:
     """The checked `Layout` of `tx`'s `state` for a model with `signature` and `model_shardings`
     (the state of an `Optimizer` whose small leaves are in `groups`, if given; kept in
-    `memory_kind`, if given)."""
+    `memory_kind`, if given). With `pad_owned`, the owner scheme's stacks (`OWNED`) are laid out
+    padded to a multiple of the device count (`padded_length`), as `Layout.init` makes them."""
     param_specs, mesh = _param_specs(signature, model_shardings, mesh)
     if zero_axis is not None and zero_axis not in mesh.shape:
         raise ValueError(f"zero_axis={zero_axis!r} is not an axis of the mesh, whose axes are {tuple(mesh.axis_names)}.")
@@ -189,7 +200,7 @@ def derive_layout(
             f"The state_specs rule of {type(tx).__name__} does not match its state: found "
             f"{_first_difference(state, state_specs)}."
         )
-    placed = []
+    placed, lengths = [], []
     for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(state)[0], state_def.flatten_up_to(state_specs)):
         where = f"the optimizer state at state{jax.tree_util.keystr(path)}"
         shape = tuple(np.shape(leaf))
@@ -198,7 +209,11 @@ def derive_layout(
                 f"No sharding rule places {where} (shape {shape}): it is neither small nor shaped "
                 f"like a parameter. {spec.owner} must declare its layout in a `state_specs` method."
             )
+        lengths.append(None)
         if isinstance(spec, Owned):  # a stack of units on their owners: whole, never split further
+            if pad_owned and shape:
+                lengths[-1] = padded_length(shape[0], mesh)
+                shape = (lengths[-1], *shape[1:])
             spec = owner_spec(shape[0], mesh)
         elif zero_axis is not None:
             spec = _with_axis(spec, shape, zero_axis, mesh)
@@ -207,7 +222,43 @@ def derive_layout(
     params = signature.treedef.unflatten(
         [None if s is None else NamedSharding(mesh, s) for s in signature.treedef.flatten_up_to(param_specs)]
     )
-    return Layout(mesh, params, state_def.unflatten(placed))
+    return Layout(mesh, params, state_def.unflatten(placed), tuple(lengths) if pad_owned else None)
+
+
+def owned_units(optimizer: Any) -> list[int | None]:
+    """Per leaf of `optimizer.state` (in the order of its leaves): the number of units of a stack
+    of the owner scheme (`OWNED`), however long the stack is stored (an `Optimizer` made with
+    shardings pads it with zero units to a multiple of the device count), or `None` for another
+    leaf. Read from shapes alone (`optimizer` may be abstract)."""
+    tx, params = optimizer.tx, optimizer.signature.params()
+    if optimizer.groups is not None:
+        params = jax.eval_shape(optimizer.groups.pack, params)
+    specs = jax.tree_util.tree_map(lambda _: PartitionSpec(), params)
+    arrays, other = eqx.partition(tx, lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))
+    logical = jax.eval_shape(lambda a, p: eqx.combine(a, other).init(p), arrays, params)
+    rules = jax.tree_util.tree_structure(logical).flatten_up_to(_state_specs(tx, params, specs))
+    leaves = jax.tree_util.tree_leaves(logical)
+    if len(leaves) != len(jax.tree_util.tree_leaves(optimizer.state)):
+        return [None] * len(jax.tree_util.tree_leaves(optimizer.state))
+    return [int(x.shape[0]) if isinstance(r, Owned) and x.shape else None for x, r in zip(leaves, rules)]
+
+
+def unpadded(optimizer: Any) -> Any:
+    """`optimizer` with each stack of the owner scheme in its state trimmed to its units.
+
+    An `Optimizer` made with shardings stores the stacked per-matrix state of Shampoo, SOAP and
+    Kron padded with zero units to a multiple of the mesh's device count, so that every device
+    owns as many units as any other; the same optimizer on one device (or on another device
+    count) stores fewer rows. Trimmed, the state has the same shapes and numbers on any mesh:
+    for inspection and comparison (steps take the state as stored).
+
+    Args:
+        optimizer: a `modopt.Optimizer`.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(optimizer.state)
+    units = owned_units(optimizer)
+    trimmed = [x if n is None or x.shape[0] == n else x[:n] for x, n in zip(leaves, units)]
+    return optimizer._replace(state=treedef.unflatten(trimmed))
 
 
 def _state_specs(tx: Any, params: Any, param_specs: Any) -> Any:

@@ -452,8 +452,8 @@ def test_state_of_a_1024_square_matrix_and_its_bytes():
 
 
 def test_sharding_rule():
-    """Blocks stack by kind (block shape, root, padding, the parameter's block grid; a block
-    taller than wide as its transpose); every stack of statistics and roots lies on its owners
+    """Blocks stack by kind (block shape, root, padding, whatever the parameter's block grid; a
+    block taller than wide as its transpose); every stack of statistics and roots lies on its owners
     (`OWNED`: split along the block axis over the mesh axes dividing its length, whole blocks,
     never split further by ZeRO-1); momenta and grafting statistics follow the parameters."""
     mesh = AbstractMesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
@@ -484,8 +484,7 @@ def test_sharding_rule():
     assert rule.momentum == specs and rule.diagonal_momentum == specs and rule.diagonal_statistics == specs
     assert [[x.shape for x in stack] for stack in jax.eval_shape(merged.init, params).statistics] == [
         [(16, 4, 4)],  # "t" and "u" merged to vectors of 30: 8 blocks each, the last padded
-        [(2, 4, 4)],
-        [(32, 4, 4)],  # "w" merged to a vector of 128
+        [(34, 4, 4)],  # "v"'s 2 blocks and "w" merged to a vector of 128: 32 blocks
     ]
     optimizer = modopt.Optimizer(tx, params)
     placed = modopt.sharding.shardings(optimizer, specs, mesh=mesh, zero_axis="data")

@@ -148,12 +148,13 @@ class _Layout(NamedTuple):
 
 class _Kind(NamedTuple):
     """What the blocks of one stack share (see `ScaleByShampoo`'s sharding rule): the block's
-    shape, its parameter's block grid, the root, per dimension whether some block is padded
-    (its roots are masked), and the shape the block moves in (`_Layout.units`). A block taller
-    than wide is stacked as its transpose, with its grid and masks reversed."""
+    shape, the root, per dimension whether some block is padded (its roots are masked), and the
+    shape the block moves in (`_Layout.units`). A block taller than wide is stacked as its
+    transpose, with its masks reversed. Blocks of parameters with other block grids (a model's
+    attention, MLP, embedding and head matrices) stack together: one stack of many blocks splits
+    over the devices more evenly than several short ones."""
 
     sizes: tuple[int, ...]
-    grid: tuple[int, ...]
     exponent: int
     padded: tuple[bool, ...]
     box: tuple[int, ...]
@@ -164,8 +165,7 @@ class ScaleByShampooState(NamedTuple):
 
     count: updates made so far (int32 scalar).
     statistics: the blocks' statistics, stacked: one entry per kind of block (the same shape,
-        root and padding, from parameters with the same block grid; see `ScaleByShampoo`'s
-        sharding rule), in the order of the first parameter of each kind; an entry is a tuple
+        root and padding, from any parameters; see `ScaleByShampoo`'s sharding rule), in the order of the first parameter of each kind; an entry is a tuple
         with one float32 array `(n, size_j, size_j)` per dimension `j` of the block, stacking
         the decayed sums of the Gram matrices along `j` of the kind's `n` blocks (parameter by
         parameter, in the order of the parameters, each parameter's blocks in row-major order
@@ -238,11 +238,12 @@ class ScaleByShampoo(AbstractTransform):
     Statistics and preconditioners are float32; the grafting state and momenta have the
     params' dtype. Sharding rule (`state_specs`), the owner scheme of `modopt.sharding`: every
     block has one owner device. Blocks of one kind (the same block shape, root and padded
-    dimensions, from parameters with the same block grid, so that a network's repeated layers
-    stack together; a matrix's block taller than wide as its transpose, so that an `(m, n)`
-    and an `(n, m)` weight share a stack) are stacked, and their statistics and
-    preconditioners are stored stacked per kind (`OWNED`): each stack split along its block
-    axis over the mesh axes dividing its length, never split further by ZeRO-1;
+    dimensions, from any parameters, so that a network's layers, embedding and head stack
+    together; a matrix's block taller than wide as its transpose, so that an `(m, n)` and an
+    `(n, m)` weight share a stack) are stacked, and their statistics and preconditioners are
+    stored stacked per kind (`OWNED`): each stack split along its block axis over the mesh
+    axes dividing its length (an `Optimizer` made with shardings pads it to a multiple of the
+    device count, so it splits over all of them), never split further by ZeRO-1;
     `ScaleByShampoo.unstacked` gives them per parameter. At each step the gradient's blocks
     move to their owners (one all-to-all per stack; a parameter split along its blocks is
     first split inside them), the statistics, inverse roots and preconditioned blocks are
@@ -392,7 +393,7 @@ class ScaleByShampoo(AbstractTransform):
                 continue
             turn = (lambda t: tuple(t[::-1])) if flip else tuple
             kinds.append(
-                _Kind(turn(lay.sizes), turn(lay.counts), self.exponent(lay), turn(lay.padded), turn(box))
+                _Kind(turn(lay.sizes), self.exponent(lay), turn(lay.padded), turn(box))
             )
         return layouts, flips, UnitStacks(kinds, [0 if lay is None else lay.blocks for lay in layouts])
 

@@ -209,8 +209,9 @@ def test_steps_parity_one_trace_and_orbax_resume(entry: Entry, tmp_path):
         f"{entry}: the init traced under jit gives another state than run eagerly"
     )
     grads = make_grads(0, params)
-    updates, state = tx.update(grads, initial_state, params, **entry.args(quadratic(params), params))
-    check(0, updates, state, "eager")
+    if entry.eager:
+        updates, state = tx.update(grads, initial_state, params, **entry.args(quadratic(params), params))
+        check(0, updates, state, "eager")
 
     # Jitted, 5 steps from the same initial state, keeping the transform, state and parameters
     # after 2 of them.

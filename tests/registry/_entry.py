@@ -44,6 +44,9 @@ class Entry:
         step, given the loss and params there (e.g. `{"value": loss}`); None: none.
     own_rule: the transform declares its own sharding rule (reduced or factored state, or a
         combinator delegating to its parts): it also runs on 8 real (simulated) devices.
+    eager: whether the parity check also runs the first step eagerly, op by op (False for a
+        configuration variant of a matrix optimizer whose default entry runs it: its eager step
+        compiles every operation on its own, tens of seconds, and tests no other code).
     partial_state_dtypes: why the transform's state dtypes (`mu_dtype`, ...) set only part of
         its state (a wrapper whose inner transform has dtypes of its own); None: they set all of
         its floating state, or it has none (`test_state_dtypes.py`).
@@ -62,6 +65,7 @@ class Entry:
     own_rule: bool = False
     reference: str | None = None
     partial_state_dtypes: str | None = None
+    eager: bool = True
 
     def __post_init__(self):
         if self.oracle is None and self.reference is None:

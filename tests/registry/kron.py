@@ -45,6 +45,7 @@ ENTRIES: list[Entry] = [
         steps_to_converge=120,  # reaches 5% of the starting loss in 49 steps
         own_rule=True,  # as kron
         reference="references/test_kron.py",
+        eager=False,  # the default entry runs the eager step
     ),
     Entry(
         "kron_scheduled_decay",
@@ -57,5 +58,6 @@ ENTRIES: list[Entry] = [
         converges=False,  # the schedule decays to ~0 after 50 steps, by design
         own_rule=True,  # as kron
         reference="references/test_kron.py",
+        eager=False,  # the default entry runs the eager step
     ),
 ]

@@ -51,5 +51,6 @@ ENTRIES: list[Entry] = [
         tolerance=1e-4,  # see the module's docstring
         own_rule=True,
         reference="test_shampoo.py",
+        eager=False,  # the default entry runs the eager step
     ),
 ]

@@ -49,5 +49,6 @@ ENTRIES: list[Entry] = [
         ("b1", 0.8),
         own_rule=True,
         reference="references/test_soap.py",
+        eager=False,  # the default entry runs the eager step
     ),
 ]

@@ -239,6 +239,17 @@ def main(directory, names):
                 assert_placed(params, placed_params, f"{name} on {target}: params")
                 assert_placed(optimizer, expected, f"{name} on {target}: optimizer")
                 assert int(optimizer.count) == K
+                # A stack the owner scheme padded for A's 8 devices comes back padded for the
+                # target's device count (or trimmed, on one device).
+                saved = straight[name][1]
+                for (path, leaf), padded, trimmed in zip(
+                    flat(optimizer.state),
+                    jax.tree_util.tree_leaves(saved.state),
+                    jax.tree_util.tree_leaves(modopt.sharding.unpadded(saved).state),
+                ):
+                    if padded.shape != trimmed.shape:
+                        length = modopt.sharding.padded_length(trimmed.shape[0], run.mesh)
+                        assert leaf.shape[0] == length, f"{name} on {target}: state{jax.tree_util.keystr(path)} has {leaf.shape[0]} rows, not {length}"
                 if run.zero_axis is not None and not all_owned(optimizer, run):
                     split = [s for s in jax.tree_util.tree_leaves(expected.state) if run.zero_axis in str(s.spec)]
                     assert split, f"{name}: no state leaf is split over {run.zero_axis!r} on {target}: ZeRO-1 is not in effect"

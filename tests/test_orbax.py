@@ -516,6 +516,31 @@ def test_readme_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
     assert "[50, 100] 100" in capsys.readouterr().out
 
 
+def test_a_stack_read_with_other_padding_checks_against_the_array_saved():
+    """A stack of the owner scheme saved with padding units (zeros) for one device count and
+    read at another's length (cut, or zero-extended): its checksum as saved follows from what
+    was read, on the host and on the device, and a stack of other units is not taken."""
+    from modopt.integrations import _records
+
+    units = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4, 4)), jnp.float32)
+    saved = jnp.concatenate([units, jnp.zeros((5, 4, 4))])  # 3 units padded for 8 devices
+    expected = _records.checksums([saved])[0]
+    for read in (units, saved[:4], jnp.concatenate([saved, jnp.zeros((2, 4, 4))])):  # 1, 4 and 10 devices
+        assert _records.checksums([read], [8]) == [expected]
+        on_device = jax.device_get(_records._checksums([read], rows=(8,)))[0]
+        assert "{:08x}{:08x}".format(*map(int, on_device)) == expected
+    corrupted = units.at[0, 0, 0].add(1.0)
+    assert _records.checksums([corrupted], [8]) != [expected]
+
+    leaf = lambda shape, units=None: _records.Leaf("['s']", "array", shape, "float32", units=units)  # noqa: E731
+    assert _records.restacked(leaf((8, 4, 4), 3), leaf((4, 4, 4), 3))
+    assert _records.restacked(leaf((8, 4, 4), 3), leaf((3, 4, 4)))  # onto one device
+    assert _records.restacked(leaf((3, 4, 4)), leaf((8, 4, 4), 3))  # a checkpoint of one device
+    assert not _records.restacked(leaf((8, 4, 4), 3), leaf((8, 4, 4), 5))  # other units
+    assert not _records.restacked(leaf((8, 4, 4), 3), leaf((8, 4, 2), 3))
+    assert not _records.restacked(leaf((8, 4, 4)), leaf((4, 4, 4)))  # not stacks: another shape
+
+
 def test_host_and_device_checksums_are_the_same_numbers():
     """Small arrays are summed on the host, large and multi-host ones on their devices: the two
     must agree for every dtype, or a checkpoint written one way would fail to verify the other."""

@@ -412,6 +412,50 @@ def test_inverse_root_retries_like_the_reference(their_root, num_iters, retries)
     assert float(first) > 0.05 and float(first) > float(retried)
 
 
+def test_inverse_roots_of_several_p_in_one_batch(their_root):
+    """`p_values`: a batch of matrices with roots 2 and 4 (a traced `p` per matrix) gets each
+    matrix's root as the reference computes it for its own static `p`, in one program."""
+    q, _ = np.linalg.qr(np.random.default_rng(3).normal(size=(8, 8)))
+    m = jnp.asarray((q * np.array([1.0, 0.5, 1e-1, 1e-2, 1e-3, 1e-4, 0, 0])) @ q.T, jnp.float32)
+    ps = jnp.asarray([2, 4, 4, 2])
+    batch = jnp.stack([m, m * 2, m * 3, m * 4])
+    roots, errors = jax.jit(
+        jax.vmap(lambda a, p: matrix_inverse_pth_root(a, p, max_retries=5, p_values=(2, 4)))
+    )(batch, ps)
+    for root, error, a, p in zip(roots, errors, batch, (2, 4, 4, 2)):
+        theirs, metrics = their_root(a, p)
+        np.testing.assert_allclose(root, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
+        np.testing.assert_allclose(error, metrics.inverse_pth_root_errors, rtol=1e-3, atol=1e-6)
+    with pytest.raises(ValueError, match=r"Invalid p_values: \(0,\)"):
+        matrix_inverse_pth_root(m, 2, p_values=(0,))
+
+
+def test_blocks_of_one_size_share_one_root_program_whatever_their_root():
+    """Without a mesh, a vector (root 2) and a matrix (root 4) of 16-blocks are rooted in one
+    batch: their loops are as many as one vector's (each batch of roots is a program of its
+    own, seconds to compile), with each parameter's update as computed alone."""
+    tx = modopt.scale_by_shampoo(
+        start_preconditioning_step=0,
+        graft_type="none",
+        beta1=0.0,
+        nesterov=False,
+        best_effort_shape_interpretation=False,  # the matrix stays (16, 16)
+    )
+    params = {"v": jnp.zeros((16,)), "m": jnp.zeros((16, 16))}
+    grads = {k: jax.random.normal(jax.random.key(i), x.shape) for i, (k, x) in enumerate(params.items())}
+
+    def loops(p):
+        g = {k: grads[k] for k in p}
+        return jax.jit(lambda g, s: tx.update(g, s)).lower(g, tx.init(p)).as_text().count("stablehlo.while")
+
+    assert loops(params) == loops({"v": params["v"]})
+    together, _ = tx.update(grads, tx.init(params))
+    for k in params:
+        alone, _ = tx.update({k: grads[k]}, tx.init({k: params[k]}))
+        # A one-step statistic has a condition number of 1e6: float32 determines its root to ~1e-4.
+        np.testing.assert_allclose(together[k], alone[k], rtol=1e-4, atol=1e-4 * float(jnp.abs(alone[k]).max()))
+
+
 BAD_ROOT = [
     (dict(padding_start=9), ValueError, r"Invalid padding_start: 9 \(must be at most the matrix size 8\)"),
     (dict(padding_start=-1), ValueError, r"Invalid padding_start: -1"),

@@ -61,6 +61,7 @@ def matrix_inverse_pth_root(
     relative_epsilon: bool = True,
     max_retries: int = 0,
     retry_error_threshold: float | jax.Array = 0.05,
+    p_values: tuple[int, ...] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     r"""The inverse p-th root `matrix^(-1/p)` of a symmetric positive semi-definite matrix.
 
@@ -94,6 +95,12 @@ def matrix_inverse_pth_root(
       ten times larger damping (`eps * 10^i` at the `i`-th retry), at most `r` times; the last
       attempt is returned (the reference makes up to 5 retries at threshold 0.05).
 
+    With `p_values`, a traced `p` (one per matrix of a `jax.vmap`ped batch, say) is known to
+    be one of these integers: each step computes the unrolled power of every one of them
+    (sharing their squarings) and keeps `p`'s, so a matrix gets the numbers of its own static
+    `p` (a traced `p` without them takes its power in a loop, whose products differ in
+    rounding), and matrices of several roots share one program.
+
     Args:
         matrix: a symmetric positive semi-definite real floating array of shape `(n, n)`.
             bfloat16 and float16 matrices are computed in float32 and the root cast back.
@@ -109,6 +116,8 @@ def matrix_inverse_pth_root(
         max_retries: the most restarts with a ten times larger damping when the error stays above
             `retry_error_threshold` (keyword-only), a Python integer >= 0; 0 (the default): none.
         retry_error_threshold: the error above which an attempt is retried (keyword-only), >= 0.
+        p_values: the integers a traced `p` can be (keyword-only, static); `None` (the
+            default): any. Ignored for a concrete `p`.
 
     Returns:
         `(root, error)`: `root` approximates `(matrix + eps * lambda_max * I)^(-1/p)`, with the
@@ -150,6 +159,10 @@ def matrix_inverse_pth_root(
     number("retry_error_threshold", retry_error_threshold, where, least=0)
 
     static_p = int(np.asarray(p)) if is_concrete(p) else None
+    if p_values is not None:
+        p_values = tuple(int(v) for v in p_values)
+        if not p_values or any(v < 1 for v in p_values):
+            raise ValueError(f"Invalid p_values: {p_values!r} (must be integers >= 1) in {where}.")
     return _inverse_pth_root(
         matrix,
         p,
@@ -159,13 +172,14 @@ def matrix_inverse_pth_root(
         padding_start,
         retry_error_threshold,
         static_p=static_p,
+        p_values=None if static_p is not None else p_values,
         precision=precision,
         relative_epsilon=bool(relative_epsilon),
         max_retries=int(max_retries),
     )
 
 
-@functools.partial(jax.jit, static_argnames=("static_p", "precision", "relative_epsilon", "max_retries"))
+@functools.partial(jax.jit, static_argnames=("static_p", "p_values", "precision", "relative_epsilon", "max_retries"))
 def _inverse_pth_root(
     matrix,
     p,
@@ -176,12 +190,13 @@ def _inverse_pth_root(
     retry_error_threshold,
     *,
     static_p,
+    p_values,
     precision,
     relative_epsilon,
     max_retries,
 ):
-    """The coupled Newton iteration, compiled once per shape, dtype, precision, static `p` and
-    options (a `padding_start` or none)."""
+    """The coupled Newton iteration, compiled once per shape, dtype, precision, static `p` (or
+    `p_values`) and options (a `padding_start` or none)."""
     dtype = jnp.promote_types(matrix.dtype, jnp.float32)
     a = matrix.astype(dtype)
     n = a.shape[0]
@@ -193,12 +208,25 @@ def _inverse_pth_root(
         p_float = jnp.asarray(p, dtype)
         p_int = jnp.round(p_float).astype(jnp.int32)
 
+    def per_p(f):
+        """`f(p)` of a static `p`; with `p_values`, `f` of each (Python numbers or arrays)
+        and `p`'s kept, as its static `p` would have it."""
+        if p_values is None:
+            return f(p_float)
+        out = jnp.asarray(f(float(p_values[0])), dtype)
+        for v in p_values[1:]:
+            out = jnp.where(p_int == v, jnp.asarray(f(float(v)), dtype), out)
+        return out
+
     def power(m):
         if isinstance(p_int, int):
             return _static_power(m, p_int, precision)
+        if p_values is not None:
+            return per_p(lambda v: _static_power(m, int(v), precision))
         return _traced_power(m, p_int, precision)
 
-    alpha = -1.0 / p_float
+    alpha = per_p(lambda v: -1.0 / v)
+    one_minus_alpha = per_p(lambda v: 1 - -1.0 / v)  # as `1 - alpha` of a static `p`
 
     if padding_start is not None:  # zero the padding; the identity and the damping skip it too
         valid = (jnp.arange(n) < padding_start).astype(dtype)
@@ -222,9 +250,9 @@ def _inverse_pth_root(
         if n == 1:
             return damped**alpha, jnp.zeros([], dtype)
 
-        z = (1 + p_float) / (2 * _frobenius(damped))
+        z = per_p(lambda v: 1 + v) / (2 * _frobenius(damped))
         m0 = z * damped
-        h0 = identity * z ** (1.0 / p_float)
+        h0 = identity * z ** per_p(lambda v: 1.0 / v)
         error0 = jnp.max(jnp.abs(m0 - identity))
 
         def keep_going(carry):
@@ -233,7 +261,7 @@ def _inverse_pth_root(
 
         def newton_step(carry):
             step, m, h, error, _, _, _ = carry
-            t = (1 - alpha) * identity + alpha * m
+            t = one_minus_alpha * identity + alpha * m
             new_m = jnp.matmul(power(t), m, precision=precision)
             new_h = jnp.matmul(h, t, precision=precision)
             new_error = jnp.max(jnp.abs(new_m - identity))
@@ -245,18 +273,24 @@ def _inverse_pth_root(
         )
         return jnp.where(improving, h, previous_h), jnp.where(improving, error, previous_error)
 
-    root, error = newton(ridge)
-    if max_retries and n > 1:  # start again with 10x the damping while the error stays large
+    if max_retries and n > 1:
+        # Attempt `i` damps by `ridge * 10**i` (`10**0` is exactly 1), again while the error stays
+        # large: the first attempt is the loop's first turn, so the iteration is traced (and
+        # compiled) once.
 
-        def retry_again(carry):
+        def again(carry):
             tries, _, error = carry
-            return (tries <= max_retries) & ~(error <= retry_error_threshold)  # NaN errors retry too
+            retry = (tries <= max_retries) & ~(error <= retry_error_threshold)  # NaN errors retry too
+            return (tries == 0) | retry
 
-        def retry(carry):
+        def attempt(carry):
             tries, _, _ = carry
             return (tries + 1, *newton(ridge * jnp.asarray(10.0, dtype) ** tries))
 
-        _, root, error = jax.lax.while_loop(retry_again, retry, (jnp.asarray(1), root, error))
+        start = (jnp.asarray(0), jnp.zeros((n, n), dtype), jnp.zeros([], dtype))
+        _, root, error = jax.lax.while_loop(again, attempt, start)
+    else:
+        root, error = newton(ridge)
     if padding_start is not None:  # all padding: the zero matrix
         root = jnp.where(padding_start == 0, jnp.zeros_like(root), root)
         error = jnp.where(padding_start == 0, jnp.zeros_like(error), error)

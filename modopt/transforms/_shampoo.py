@@ -51,8 +51,8 @@ _RETRY_ERROR = 0.05
 # Gradients' entries are brought within 2**16 before their products are summed into statistics
 # (which the roots square again): see `ScaleByShampoo._statistics`.
 _BOUND = 16
-# Without a mesh, the statistics of at most this size (above 1) and one root are padded to the
-# largest of them and share one batched inverse root: each distinct batch is a program of its
+# Without a mesh, the statistics of at most this size (above 1) are padded to the largest of
+# them and share one batched inverse root (whatever their roots): each distinct batch is a program of its
 # own, which takes seconds to compile, and a model's biases and small blocks come in many sizes.
 _SMALL = 64
 
@@ -250,9 +250,9 @@ class ScaleByShampoo(AbstractTransform):
     computed there on whole blocks, and the preconditioned blocks come back. The grafting
     state and momenta follow the parameters, and the grafting and the norm rescaling run where
     the parameters live. Without a mesh, each parameter's blocks are computed in its own
-    layout (the roots of all blocks of one size and root in one batch; blocks of at most 64
-    rows, of all sizes, padded to the largest of them, in one batch: each batch is a program
-    of its own, seconds to compile).
+    layout (the roots of all blocks of one size in one batch, whatever their roots, each
+    computed with its own; blocks of at most 64 rows, of all sizes, padded to the largest of
+    them, in one batch: each batch is a program of its own, seconds to compile).
 
     Checked against `precondition.distributed_shampoo.distributed_shampoo` (precondition-opt
     0.3.0, the JAX reference of the paper's authors) step by step: updates and states, every
@@ -615,22 +615,21 @@ class ScaleByShampoo(AbstractTransform):
         """The preconditioners, recomputed every `preconditioning_compute_steps` steps (all of
         them under one `lax.cond`).
 
-        Without a mesh, the statistics of one block size and root are concatenated over the
-        parameters (those of sizes 2 to `_SMALL` zero-padded to the largest of them: the padded
-        root is the root, padded), so one batched inverse root serves them all (with each block's true size as
-        its padding start, where some are padded: a full block's mask is all ones, which
-        changes none of its numbers). On a mesh, each stack's statistics of each dimension are
+        Without a mesh, the statistics of one block size are concatenated over the parameters
+        (those of sizes 2 to `_SMALL` zero-padded to the largest of them: the padded root is
+        the root, padded), so one batched inverse root serves them all (with each block's true
+        size as its padding start, where some are padded: a full block's mask is all ones, which
+        changes none of its numbers; and, where their roots differ, each block's root `p` as a
+        traced value among the batch's `p_values`, which computes each block's unrolled power
+        as a static `p` would, the same numbers). On a mesh, each stack's statistics of each dimension are
         one batch, computed where the stack lies."""
         groups: dict[tuple, list] = {}
-        small = {}  # per root, the largest small size
-        for i, stats in enumerate(statistics):
-            for s in stats:
-                if 1 < s.shape[-1] <= _SMALL:  # a 1 x 1 statistic's root is exact on its own
-                    small[exponents[i]] = max(small.get(exponents[i], 0), s.shape[-1])
+        # The largest small size (a 1 x 1 statistic's root is exact on its own).
+        small = max((s.shape[-1] for stats in statistics for s in stats if 1 < s.shape[-1] <= _SMALL), default=0)
         for i, stats in enumerate(statistics):
             for j, s in enumerate(stats):
-                size = small[exponents[i]] if 1 < s.shape[-1] <= _SMALL else s.shape[-1]
-                key = (size, exponents[i]) if mesh is None else (i, j)
+                size = small if 1 < s.shape[-1] <= _SMALL else s.shape[-1]
+                key = (size,) if mesh is None else (i, j)
                 groups.setdefault(key, []).append((i, j))
         keys = list(groups)
         width = [max(statistics[i][j].shape[-1] for i, j in groups[k]) for k in keys]
@@ -644,16 +643,25 @@ class ScaleByShampoo(AbstractTransform):
         masked = [
             any(padded[i][j] or statistics[i][j].shape[-1] < w for i, j in groups[k]) for k, w in zip(keys, width)
         ]
+        # Each batch's roots: one static root, or per matrix its own (see `_root`).
+        root_sets = [sorted({exponents[i] for i, _ in groups[k]}) for k in keys]
+        powers = [
+            p[0]
+            if len(p) == 1
+            else np.concatenate([np.full(statistics[i][j].shape[0], exponents[i], np.int32) for i, j in groups[k]])
+            for k, p in zip(keys, root_sets)
+        ]
 
         def compute(stacked, old, log2_scales):
             new = []
-            for stats, previous, e, sizes, keep, pad, i in zip(
-                stacked, old, log2_scales, valid, active, masked, groups.values()
+            for stats, previous, e, sizes, keep, pad, p, p_values in zip(
+                stacked, old, log2_scales, valid, active, masked, powers, root_sets
             ):
-                p = exponents[i[0][0]]
-                roots, errors = jax.vmap(lambda m, e, n, p=p, pad=pad: self._root(m, e, p, n if pad else None))(
-                    stats, e, jnp.asarray(sizes)
-                )
+                p_values = tuple(p_values) if len(p_values) > 1 else None
+                roots, errors = jax.vmap(
+                    lambda m, e, n, p, pad=pad, p_values=p_values: self._root(m, e, p, n if pad else None, p_values),
+                    in_axes=(0, 0, 0, None if p_values is None else 0),
+                )(stats, e, jnp.asarray(sizes), p)
                 failed = jnp.isnan(errors) | (errors >= self.inverse_failure_threshold)
                 if keep is not None:
                     failed = failed | ~jnp.asarray(keep)
@@ -672,10 +680,11 @@ class ScaleByShampoo(AbstractTransform):
                 start += n
         return [tuple(p) for p in result]
 
-    def _root(self, matrix, log2_scale, p, padding_start):
+    def _root(self, matrix, log2_scale, p, padding_start, p_values=None):
         """The inverse `p`-th root of the statistic `matrix * 2**log2_scale`: the root of `matrix`
         times `2**(-log2_scale / p)` (an absolute damping scaled alike), exactly the root itself
-        for `log2_scale = 0`."""
+        for `log2_scale = 0`. `p` is static, or traced with its possible values `p_values`
+        (the numbers of its static value, see `matrix_inverse_pth_root`)."""
         ridge = self.matrix_epsilon
         if not self.relative_matrix_epsilon:
             ridge = ridge * jnp.ldexp(jnp.ones((), jnp.float32), -log2_scale)
@@ -688,6 +697,7 @@ class ScaleByShampoo(AbstractTransform):
             relative_epsilon=self.relative_matrix_epsilon,
             max_retries=_RETRIES,
             retry_error_threshold=_RETRY_ERROR,
+            p_values=p_values,
         )
         factor = jnp.where(log2_scale == 0, 1.0, jnp.exp2(-log2_scale.astype(jnp.float32) / p))
         return root * factor.astype(root.dtype), error

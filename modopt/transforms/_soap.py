@@ -385,8 +385,6 @@ class ScaleBySoap(AbstractTransform):
         ]
         count = state.count
         branch = jnp.where(count == 0, 0, jnp.where(count % self.precondition_frequency == 0, 1, 2))
-        refresh = functools.partial(self._adam_step, count=count, refresh=True)
-        plain = functools.partial(self._adam_step, count=count, refresh=False)
 
         def work(kinds, pieces, states):
             if mesh is None:  # a piece is one parameter as it is: the single-device code runs on it
@@ -401,21 +399,45 @@ class ScaleBySoap(AbstractTransform):
                 # Each unit with whether it is its parameter's transpose (see `_statistics`).
                 operands = [(g, *rows, turned) for (g, turned), rows in zip(pieces, states)]
 
-            def steps(step):
-                def run(ops):
-                    if mesh is None:
-                        return [step(lay, *args) for lay, args in zip(lays, ops)]
-                    return [
-                        per_unit(lambda *a, lay=lay: step(lay, *a[:-1], turned=a[-1]), len(args[0]), *args)
-                        for lay, args in zip(lays, ops)
-                    ]
+            def each(fn, lay, *args):
+                """`fn(lay, *args)` on a piece: one parameter, or on a mesh each of its units."""
+                if mesh is None:
+                    return fn(lay, *args)
+                return per_unit(lambda *a: fn(lay, *a), len(args[0]), *args)
 
-                return run
+            # Every step: Adam with the current bases, and the statistics (the first step takes
+            # no Adam step: a zero update, the moments kept).
+            first = count == 0
+            moved = []
+            for lay, (g, mu, nu, stats, bases, scale, *turned) in zip(lays, operands):
+                if turned:
+                    step = lambda lay, *a: self._moments(lay, *a[:-1], count=count, turned=a[-1])  # noqa: E731
+                else:
+                    step = functools.partial(self._moments, count=count)
+                y, new_mu, new_nu, stats, scale = each(step, lay, g, mu, nu, stats, bases, scale, *turned)
+                y = jnp.where(first, jnp.zeros((), y.dtype), y)
+                new_mu = jnp.where(first, widen(mu, self.mu_dtype), new_mu)
+                new_nu = jnp.where(first, widen(nu, self.nu_dtype), new_nu)
+                moved.append((y, new_mu, new_nu, stats, scale))
+            stats = [m[3] for m in moved]
+            bases = [ops[4] for ops in operands]
+            moments = [(m[1], m[2]) for m in moved]
 
-            # One switch around the work of every stack: a step pays only for its branch.
-            results = jax.lax.switch(
-                branch, [steps(self._first_step), steps(refresh), steps(plain)], operands
+            # The bases: one switch around the linear algebra of every piece, a step pays only for
+            # its branch; same-size matrices of all pieces are one batch (one call each).
+            def eigh(stats, bases, moments):
+                return self._first_bases(stats, bases, mesh), moments
+
+            def refresh(stats, bases, moments):
+                return self._refreshed(lays, stats, bases, moments, each, mesh)
+
+            new_bases, moments = jax.lax.switch(
+                branch, [eigh, refresh, lambda _, bases, moments: (bases, moments)], stats, bases, moments
             )
+            results = [
+                [y, mu.astype(ops[1].dtype), nu.astype(ops[2].dtype), st, q, scale]
+                for (y, _, _, st, scale), q, (mu, nu), ops in zip(moved, new_bases, moments, operands)
+            ]
             if mesh is None:
                 results = [own.from_work(r) for own, r in zip(owns, results)]
             return [(y,) for y, *_ in results], [tuple(rows) for _, *rows in results]
@@ -475,19 +497,10 @@ class ScaleBySoap(AbstractTransform):
         stats = tuple(None if s is None else s * shrink.astype(s.dtype) for s in stats)
         return new, jnp.ldexp(one, -(new // 2)), stats
 
-    def _first_step(self, lay, g, mu, nu, stats, bases, scale, *, turned=None):
-        """Statistics from the first gradient, bases by eigendecomposition, a zero update."""
-        scale, factor, stats = self._rescaled(g, scale, stats)
-        stats = self._statistics(lay, g * factor.astype(g.dtype), stats, turned)
-        bases = tuple(None if s is None else _eigenvectors(s).astype(q.dtype) for s, q in zip(stats, bases))
-        return [jnp.zeros(g.shape, update_dtype(g.dtype, self.mu_dtype, self.nu_dtype)), mu, nu, stats, bases, scale]
-
-    def _adam_step(self, lay, g, mu, nu, stats, bases, scale, *, count, refresh, turned=None):
-        """Adam in the eigenbasis; the statistics' update; with `refresh`, the bases' one. The
-        moments are read and updated at their accumulation precision (`widen`) and returned in
-        their stored dtypes, the update in `update_dtype`. `nu` and the statistics are kept
-        divided by `2**scale` (`_rescaled`)."""
-        stored_mu, stored_nu = mu.dtype, nu.dtype
+    def _moments(self, lay, g, mu, nu, stats, bases, scale, *, count, turned=None):
+        """Adam in the eigenbasis `bases`, and the statistics' update: the update (in
+        `update_dtype`), the moments at their accumulation precision (`widen`), the statistics
+        and the scale. `nu` and the statistics are kept divided by `2**scale` (`_rescaled`)."""
         mu, nu = widen(mu, self.mu_dtype), widen(nu, self.nu_dtype)
         old_scale = scale
         scale, factor, stats = self._rescaled(g, scale, stats)
@@ -503,12 +516,32 @@ class ScaleBySoap(AbstractTransform):
             t = count.astype(jnp.float32)
             direction = direction * (jnp.sqrt(1 - self.b2**t) / (1 - self.b1**t)).astype(direction.dtype)
         stats = self._statistics(lay, g * factor.astype(g.dtype), stats, turned)
-        if refresh and any(lay.rotated):
-            old = bases
-            bases, nu = _power_qr(stats, bases, nu, lay)
-            mu = _rotate(_rotate(mu, lay, old, back=True), lay, bases, back=False).astype(mu.dtype)
         direction = direction.astype(update_dtype(g.dtype, self.mu_dtype, self.nu_dtype))
-        return [direction, mu.astype(stored_mu), nu.astype(stored_nu), stats, bases, scale]
+        return direction, mu, nu, stats, scale
+
+    def _first_bases(self, stats, bases, mesh):
+        """The first step's bases: the statistics' eigenvectors (per piece, a tuple like its
+        statistics)."""
+        new = _per_matrix(lambda s: (_eigenvectors(s),), [[None if s is None else (s,) for s in row] for row in stats], mesh)
+        return [
+            tuple(None if n is None else n[0].astype(q.dtype) for n, q in zip(row, qs))
+            for row, qs in zip(new, bases)
+        ]
+
+    def _refreshed(self, lays, stats, bases, moments, each, mesh):
+        """A refresh step's bases (one power-iteration step and QR each, columns sorted by
+        estimated eigenvalue), with per piece `nu` permuted alike and `mu` rotated into them."""
+        pairs = [[None if s is None else (s, q) for s, q in zip(st, qs)] for st, qs in zip(stats, bases)]
+        new = _per_matrix(_power_qr, pairs, mesh)
+        out_bases, out_moments = [], []
+        for lay, row, old, (mu, nu) in zip(lays, new, bases, moments):
+            fresh = tuple(None if n is None else n[0].astype(q.dtype) for n, q in zip(row, old))
+            if any(lay.rotated):
+                orders = tuple(None if n is None else n[1] for n in row)
+                mu, nu = each(_into_bases, lay, mu, nu, old, fresh, orders)
+            out_bases.append(fresh)
+            out_moments.append((mu, nu))
+        return out_bases, out_moments
 
 
 def _matrix_dtype(dtype: Any) -> Any:
@@ -547,21 +580,45 @@ def _eigenvectors(s: jax.Array) -> jax.Array:
     return jnp.flip(jnp.linalg.eigh(s + ridge)[1], axis=1)
 
 
-def _power_qr(stats: tuple, bases: tuple, nu: jax.Array, lay: _Layout) -> tuple[tuple, jax.Array]:
-    """One power-iteration step and QR per basis, columns sorted by estimated eigenvalue;
-    `nu` permuted alike along each dimension."""
+def _power_qr(s: jax.Array, q: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One power-iteration step and QR of a basis `q` of the statistic `s`: the new basis (in
+    float32 at least) and the order of its columns (by estimated eigenvalue, descending)."""
+    product = s @ q
+    estimates = jnp.sum(q * product, axis=0)  # diag(Q^T S Q)
+    order = jnp.argsort(estimates, descending=True)
+    return jnp.linalg.qr(product[:, order])[0], order
+
+
+def _into_bases(lay: _Layout, mu: jax.Array, nu: jax.Array, old: tuple, new: tuple, orders: tuple) -> tuple:
+    """The moments after a refresh: `mu` rotated from the bases `old` into `new`, `nu`
+    permuted along each dimension as its basis's columns were (`orders`)."""
     v = _to_layout(nu, lay)
-    new = []
-    for axis, (s, q) in enumerate(zip(stats, bases)):
-        if s is None:
-            new.append(None)
-            continue
-        product = s @ q
-        estimates = jnp.sum(q * product, axis=0)  # diag(Q^T S Q)
-        order = jnp.argsort(estimates, descending=True)
-        v = jnp.take(v, order, axis=axis)
-        new.append(jnp.linalg.qr(product[:, order])[0].astype(q.dtype))
-    return tuple(new), _from_layout(v, nu.shape, lay)
+    for axis, order in enumerate(orders):
+        if order is not None:
+            v = jnp.take(v, order, axis=axis)
+    mu = _rotate(_rotate(mu, lay, old, back=True), lay, new, back=False).astype(mu.dtype)
+    return mu, _from_layout(v, nu.shape, lay)
+
+
+def _per_matrix(fn: Any, rows: list, mesh: Any) -> list:
+    """`fn` on every entry of `rows` (lists of tuples of arrays, or `None`), its results in the
+    same places. Without a mesh an entry is one matrix's arrays, and the entries of one shape
+    and dtype are a single batch (`jax.vmap`: one eigendecomposition or QR call for all); on a
+    mesh an entry stacks a device's units along axis 0, each stack run by `per_unit`."""
+    if mesh is not None:
+        return [[None if e is None else per_unit(fn, len(e[0]), *e) for e in row] for row in rows]
+    groups: dict[tuple, list] = {}
+    for r, row in enumerate(rows):
+        for c, e in enumerate(row):
+            if e is not None:
+                groups.setdefault(tuple((x.shape, x.dtype) for x in e), []).append((r, c))
+    out = [[None] * len(row) for row in rows]
+    for places in groups.values():
+        batch = [jnp.stack([rows[r][c][k] for r, c in places]) for k in range(len(rows[places[0][0]][places[0][1]]))]
+        results = jax.vmap(fn)(*batch)
+        for n, (r, c) in enumerate(places):
+            out[r][c] = tuple(x[n] for x in results)
+    return out
 
 
 class _Own(NamedTuple):

@@ -144,11 +144,15 @@ class ScaleBySoap(AbstractTransform):
     rotated (as in the authors' first release), it needs one rotation less per step and is
     rotated into the new basis at each refresh: the same numbers up to rounding.
 
-    Cost under `jax.jit`: the three kinds of step (first, refresh, plain) are the branches of
-    one `lax.switch` on the step count, so a step runs only its branch and pays for the
-    `O(d^3)` eigendecomposition (first step) or QR (refresh) only when it needs it; a plain
-    step costs two rotations, `O(size * sum(d))`, and the statistics' products. All three
-    branches are compiled (the program holds the Adam step twice). On GPU, XLA may copy the
+    Cost under `jax.jit`: every step runs Adam in the current bases and the statistics' update
+    (the first step discards its Adam step: a zero update, the moments kept); the bases' work
+    (first step, refresh, plain) is the branches of one `lax.switch` on the step count, so a
+    step pays for the `O(d^3)` eigendecomposition (first step) or QR and the moments' rotation
+    (refresh) only when it needs it; a plain step costs two rotations, `O(size * sum(d))`, and
+    the statistics' products. The program holds the Adam step once, and without a mesh one
+    eigendecomposition and one QR call per distinct statistic size (same-size statistics of
+    all parameters and dimensions batched): compile time grows with the number of distinct
+    sizes, not of parameters. On GPU, XLA may copy the
     branch index to the host to pick the branch, a small synchronisation per step (not
     measured here). Under `jax.vmap` (a batch of optimizers) the switch becomes a select that
     runs all three branches every step.

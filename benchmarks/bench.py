@@ -411,7 +411,9 @@ def _same(name: str, *args: Any, extra_args: Callable | None = None, static: tup
     """`modopt.name(*args, **kwargs)`, `optax.name(...)` (or `optax.contrib.name`) alike, and
     optax's with its hyperparameters injected (those named in `static` kept static: numbers that
     shapes depend on, which `inject_hyperparams` would otherwise trace)."""
-    theirs = getattr(optax, name, None) or getattr(optax.contrib, name)
+    # `None` where this optax lacks the name (an older one, as in psgd-jax's environment):
+    # the entry fails only if run.
+    theirs = getattr(optax, name, None) or getattr(optax.contrib, name, None)
     return Entry(
         lambda: _quiet(lambda: getattr(modopt, name)(*args, **kwargs)),
         lambda: _quiet(lambda: theirs(*args, **kwargs)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -20,19 +21,32 @@ from .._moments import (
     update_dtype,
     widened_update_moment,
 )
-from .._numerics import overflow_scale, safe_increment
+from .._numerics import safe_increment
 from .._specs import OWNED, REPLICATED
 from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, per_unit, run_per_unit, specs_of, whole_map
 from .._trees import cast_like
 from ..schedules._base import AbstractSchedule, ScalarOrSchedule, _scalar_or_schedule, value_at
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from ._kron_numerics import (  # noqa: F401  (DAMPING, kron_probes: the probes' definition, for the tests)
+    DAMPING,
+    PADDED_MAX,
+    clip_rms,
+    damped,
+    entry_index,
+    entry_numbers,
+    fit_padded,
+    kron_probes,
+    normal_at,
+    precondition,
+    precondition_padded,
+    probe_offsets,
+    split_offset,
+    update_factors,
+    balanced,
+)
 
 MEMORY_SAVE_MODES = (None, "smart_one_diag", "one_diag", "all_diag")
-# The damping added to the probed gradient, `sqrt(float32 eps) * mean|g| * v`, as the reference.
-DAMPING = math.sqrt(float(np.finfo(np.float32).eps))
-RMS_CLIP = 1.1  # the preconditioned update's RMS is capped at this, as the reference
-RMS_EPS = 1e-12
 
 
 class PrecondUpdateProbSchedule(AbstractSchedule):
@@ -181,11 +195,21 @@ class ScaleByKron(AbstractTransform):
     matrices, whose ratio is the factors' step, and the RMS and `mean|m_hat|` are computed
     on a scaled copy. Ordinary gradients are scaled by exactly 1 (no bit changes).
 
-    Randomness: each step splits the state's key into four, the next step's key, the update
-    coin (`uniform(key) < p`, with `p` the probability at the step count before this step),
-    the balance coin, and the probes' key (split once per parameter, in the order of the
-    leaves). The key is a state leaf: runs are reproducible and a checkpoint resumes bit for
-    bit. The factors' update is under `lax.cond`: under `jit` a skipped update costs nothing.
+    Randomness: each step splits the state's key into the next step's and one from which it
+    draws four words of bits: the update coin (`u < p`, `u` uniform in [0, 1), `p` the
+    probability at the step count before this step), the balance coin, and the probes' seed.
+    The probes are Threefry's normal numbers of the parameters' entries under that seed,
+    numbered in the order of the leaves (`kron_probes`): the same however the work is cut (on
+    a mesh, each device draws those of the parameters it owns). The key is a state leaf: runs
+    are reproducible and a checkpoint resumes bit for bit. The factors' update is under
+    `lax.cond`: under `jit` a skipped update costs nothing.
+
+    Parameters whose layout has at most two axes, none longer than 128, are fitted and
+    preconditioned together in one program, zero-padded to the largest of them (their factors
+    as dense matrices, their triangular solves row by row in a loop); the others are stacked
+    by layout and run one program per layout. This keeps the compiled step small (compile time
+    grows with the number of programs) and, on CPU, keeps the small solves away from LAPACK,
+    whose threaded solves stalled for milliseconds each on a loaded machine.
 
     Checked against `kron_torch.Kron` 0.3.3 (tests/test_kron.py: 8 steps, the same probes fed to
     both) and a NumPy float64 implementation of the update from the paper. Departures:
@@ -333,9 +357,9 @@ class ScaleByKron(AbstractTransform):
         dtype = self._dtype()
         count = safe_increment(state.count)
         probability = value_at(self.preconditioner_update_probability, state.count)
-        key, coin_key, balance_key, probe_key = step_keys(state.key)
-        do_update = jax.random.uniform(coin_key) < probability
-        balance = jax.random.uniform(balance_key) < self.balance_prob
+        key, update_coin, balance_coin, seed = step_draws(state.key)
+        do_update = update_coin < probability
+        balance = balance_coin < self.balance_prob
 
         momentum = widened_update_moment(updates, state.momentum, self.b1, 1, self.mu_dtype)
         if self.mu_dtype is None:  # rounded to the params' dtype before use, as the reference
@@ -345,9 +369,8 @@ class ScaleByKron(AbstractTransform):
         grads, m_hats = (treedef.flatten_up_to(t) for t in (updates, debiased))
         mesh = current_mesh()
         layouts, flips, stacks = self._units(updates)
-        # On a mesh, a taller-than-wide matrix is preconditioned as its transpose (see `_units`).
-        turned = [flip and mesh is not None for flip in flips]
-        units = [whole_map(jnp.shape(g), lay.groups)._replace(swap=t) for g, lay, t in zip(grads, layouts, turned)]
+        # A taller-than-wide matrix is preconditioned as its transpose (see `_units`).
+        units = [whole_map(jnp.shape(g), lay.groups)._replace(swap=t) for g, lay, t in zip(grads, layouts, flips)]
         inputs = [(m.astype(dtype),) for m in m_hats]
         if not self.momentum_into_precond_update:
             inputs = [(m, g.astype(dtype)) for (m,), g in zip(inputs, grads)]
@@ -356,26 +379,49 @@ class ScaleByKron(AbstractTransform):
             None if kind is None else LeafUnits(x, u, spec)
             for x, u, spec, kind in zip(inputs, units, specs, stacks.leaf_kinds)
         ]
-        # The probes' keys, one per parameter, and whether its unit is turned (the probe is
-        # drawn in the parameter's own layout wherever it is preconditioned).
-        probe_keys = jax.random.split(probe_key, len(grads))
-        extras = [(probe_keys[i][None], jnp.asarray([t]) if mesh is not None else None) for i, t in enumerate(turned)]
+        # Per parameter, the number of its first entry (its probe's, see `kron_probes`) and
+        # whether its unit is turned (the probe is numbered in the parameter's own layout).
+        offsets = probe_offsets([jnp.shape(g) for g in grads])
+        extras = [(jnp.asarray(split_offset(o)[None]), jnp.asarray([t])) for o, t in zip(offsets, flips)]
 
         def work(kinds, pieces, factors):
-            def own_order(kind, m, q):  # a flipped parameter preconditioned as it is (without a mesh)
-                return q[::-1] if m.shape[1:] != kind[0] else q
+            # Small parameters together, padded; the others by kind (stacked where several
+            # pieces are of one kind: one program per kind, not per parameter).
+            small = [i for i, kind in enumerate(kinds) if _padded(kind)]
+            by_kind: dict[Any, list[int]] = {}
+            for i, kind in enumerate(kinds):
+                if i not in small:
+                    by_kind.setdefault(kind, []).append(i)
 
             def fit(factors):
-                new = []
-                for kind, (m, *rest), q in zip(kinds, pieces, factors):
-                    fitted, (keys, turns) = (m if self.momentum_into_precond_update else rest[0]), rest[-1]
-                    q = own_order(kind, m, q)
-                    fitted_q = per_unit(self._fit, len(m), fitted, keys, turns, q, balance=balance)
-                    new.append(own_order(kind, m, fitted_q))
+                new = list(factors)
+                for kind, members in by_kind.items():
+                    m, *rest = _joined([pieces[i] for i in members])
+                    fitted, (offsets, turns) = (m if self.momentum_into_precond_update else rest[0]), rest[-1]
+                    q = _joined([factors[i] for i in members])
+                    fitted_q = per_unit(self._fit, len(m), fitted, offsets, turns, q, balance=balance, seed=seed)
+                    for i, part in zip(members, _split(fitted_q, [len(pieces[i][0]) for i in members])):
+                        new[i] = part
+                if small:
+                    group = [pieces[i] for i in small]
+                    fitted = [p[0] if self.momentum_into_precond_update else p[1] for p in group]
+                    fitted_q = self._fit_padded([kinds[i] for i in small], fitted, [p[-1] for p in group],
+                                                [factors[i] for i in small], balance, seed)  # fmt: skip
+                    for i, part in zip(small, fitted_q):
+                        new[i] = part
                 return new
 
             factors = jax.lax.cond(do_update, fit, list, list(factors))
-            out = [(per_unit(_preconditioned, len(m), m, own_order(k, m, q)),) for k, (m, *_), q in zip(kinds, pieces, factors)]
+            out: list[Any] = [None] * len(kinds)
+            for kind, members in by_kind.items():
+                m = _joined([pieces[i][0] for i in members])
+                done = per_unit(_preconditioned, len(m), m, _joined([factors[i] for i in members]))
+                for i, part in zip(members, _split(done, [len(pieces[i][0]) for i in members])):
+                    out[i] = (part,)
+            if small:
+                done = _precondition_padded([kinds[i] for i in small], [pieces[i][0] for i in small], [factors[i] for i in small])
+                for i, part in zip(small, done):
+                    out[i] = (part,)
             return out, factors
 
         done, Qs = run_per_unit(work, stacks, leaves, state.Qs, mesh, extras=extras)
@@ -389,16 +435,117 @@ class ScaleByKron(AbstractTransform):
         new_state = ScaleByKronState(count=count, momentum=momentum, Qs=tuple(Qs), key=key)
         return treedef.unflatten(new_updates), new_state
 
-    def _fit(self, fitted: jax.Array, key: jax.Array, turned: jax.Array | None, q: tuple, *, balance: jax.Array) -> tuple:
-        """One parameter's factors after an update from its probe, drawn from `key` in the
-        parameter's own layout (then transposed, where its unit is `turned`; `None`: none is)."""
-        probe = jax.random.normal(key, fitted.shape, fitted.dtype)
-        if turned is not None and fitted.ndim == 2 and fitted.shape[0] != fitted.shape[1]:
-            probe = jnp.where(turned, jax.random.normal(key, fitted.shape[::-1], fitted.dtype).T, probe)
-        scale = overflow_scale(fitted)  # 1 but for huge entries, whose mean would overflow
-        mean = jnp.mean(jnp.abs(fitted * scale)) / scale
-        damped = fitted + (DAMPING * mean).astype(fitted.dtype) * probe
-        return update_factors(balanced(q, balance), damped, probe, self.precond_lr, jnp.finfo(fitted.dtype).tiny)
+    def _fit(self, fitted: jax.Array, offset: jax.Array, turned: jax.Array, q: tuple, *, balance: jax.Array, seed: jax.Array) -> tuple:
+        """One parameter's factors after an update from its probe: the normal numbers of its
+        entries (`kron_probes`), the first numbered `offset`, its unit the transpose of its
+        layout where `turned`."""
+        probe = normal_at(seed, *entry_numbers(offset, entry_index(fitted.shape, turned=turned))).astype(fitted.dtype)
+        return update_factors(balanced(q, balance), damped(fitted, probe), probe, self.precond_lr, jnp.finfo(fitted.dtype).tiny)
+
+    def _fit_padded(self, kinds: list, fitted: list, extras: list, factors: list, balance: jax.Array, seed: jax.Array) -> list:
+        """The factors of small parameters' pieces (each `(count, *kind shape)`) after an update,
+        fitted together, padded (`fit_padded`)."""
+        padded = _Padded(kinds, [len(x) for x in fitted])
+        x = padded.matrices(fitted)
+        offsets, turns = (jnp.concatenate([e[k] for e in extras]) for k in (0, 1))
+        rows, cols = jnp.asarray(padded.rows), jnp.asarray(padded.cols)
+
+        def probe(offset, turned, rows, cols):
+            index = entry_index(padded.shape, rows, cols, turned)
+            inside = (jnp.arange(padded.shape[0])[:, None] < rows) & (jnp.arange(padded.shape[1]) < cols)
+            return jnp.where(inside, normal_at(seed, *entry_numbers(offset, index)), 0).astype(x.dtype)
+
+        probes = jax.vmap(probe)(offsets, turns, rows, cols)
+        q1, q2 = padded.factors(factors)
+        sizes = (padded.rows.astype(np.int32), padded.cols.astype(np.int32), padded.counts.astype(np.float32))
+        flags = [jnp.asarray(f) for f in (*sizes, *padded.diagonal, padded.fixed)]
+        fit = functools.partial(fit_padded, balance=balance, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny)
+        new = jax.vmap(lambda *a: fit(*a))(x, probes, q1, q2, *flags)
+        return padded.unpadded_factors(*new)
+
+
+def _padded(kind: Any) -> bool:
+    """Whether the pieces of `kind` are fitted and preconditioned padded, with the other small ones."""
+    shape, _ = kind
+    return len(shape) <= 2 and max(shape) <= PADDED_MAX
+
+
+class _Padded:
+    """Pieces of small parameters (matrices and vectors, by their kinds) zero-padded to one
+    shape `(rows, cols)`, a vector as a row; and their factors as dense `(rows, rows)` and
+    `(cols, cols)` matrices (a vector's first factor a fixed 1)."""
+
+    def __init__(self, kinds: list, counts: list[int]):
+        self.kinds, self.counts_per_piece = kinds, counts
+        self.matrix_shapes = [shape if len(shape) == 2 else (1, shape[0]) for shape, _ in kinds]
+        self.shape = tuple(max(s[axis] for s in self.matrix_shapes) for axis in (0, 1))
+        per_unit = lambda values: np.concatenate([np.full(c, v) for c, v in zip(counts, values)])  # noqa: E731
+        self.rows = per_unit([s[0] for s in self.matrix_shapes]).astype(np.uint32)
+        self.cols = per_unit([s[1] for s in self.matrix_shapes]).astype(np.uint32)
+        self.counts = per_unit([math.prod(s) for s in self.matrix_shapes])
+        self.fixed = per_unit([len(shape) == 1 for shape, _ in kinds])
+        # A vector's first factor is fixed (its kind says nothing of it), its second diagonal.
+        self.diagonal = tuple(per_unit([diag[axis] if len(diag) == 2 else True for _, diag in kinds]) for axis in (0, 1))
+
+    def matrices(self, pieces: list) -> jax.Array:
+        """The pieces `(count, *shape)` as one padded stack `(units, rows, cols)`."""
+        return jnp.concatenate([
+            _pad(x.reshape((len(x), *s)), self.shape) for x, s in zip(pieces, self.matrix_shapes)
+        ])  # fmt: skip
+
+    def unpadded(self, stack: jax.Array) -> list:
+        """A padded stack of matrices back as the pieces, each `(count, *kind shape)`."""
+        parts = _split((stack,), self.counts_per_piece)
+        return [
+            p[0][:, : s[0], : s[1]].reshape((len(p[0]), *shape))
+            for p, s, (shape, _) in zip(parts, self.matrix_shapes, self.kinds)
+        ]
+
+    def factors(self, factors: list) -> tuple[jax.Array, jax.Array]:
+        """The pieces' factors as two padded stacks of dense matrices."""
+        firsts, seconds = [], []
+        for q, (shape, diag), s, c in zip(factors, self.kinds, self.matrix_shapes, self.counts_per_piece):
+            dense = [jnp.eye(d, dtype=f.dtype) * f[:, None, :] if f.ndim == 2 else f for f, d in zip(q, shape)]
+            if len(shape) == 1:  # a vector: a fixed 1, then its diagonal
+                dense = [jnp.ones((c, 1, 1), dense[0].dtype), dense[0]]
+            firsts.append(_pad(dense[0], (self.shape[0],) * 2))
+            seconds.append(_pad(dense[1], (self.shape[1],) * 2))
+        return jnp.concatenate(firsts), jnp.concatenate(seconds)
+
+    def unpadded_factors(self, q1: jax.Array, q2: jax.Array) -> list:
+        """Two padded stacks of dense factors back as each piece's factors (stacked, by kind)."""
+        out = []
+        for (first, second), (shape, diag), s in zip(_split((q1, q2), self.counts_per_piece), self.kinds, self.matrix_shapes):
+            dense = [first[:, : s[0], : s[0]], second[:, : s[1], : s[1]]]
+            q = tuple(jnp.diagonal(f, axis1=1, axis2=2) if d else f for f, d in zip(dense, (diag[0], diag[-1])))
+            out.append(q if len(shape) == 2 else q[1:])
+        return out
+
+
+def _pad(x: jax.Array, shape: tuple[int, int]) -> jax.Array:
+    """A stack of matrices `(n, a, b)` zero-padded to `(n, *shape)`."""
+    return jnp.pad(x, ((0, 0), (0, shape[0] - x.shape[1]), (0, shape[1] - x.shape[2])))
+
+
+def _joined(trees: list) -> Any:
+    """Pytrees of stacks (of one structure) concatenated along their leading axes."""
+    return trees[0] if len(trees) == 1 else jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *trees)
+
+
+def _split(tree: Any, counts: list[int]) -> list:
+    """The inverse of `_joined`: the pytree's stacks cut into parts of `counts` rows."""
+    if len(counts) == 1:
+        return [tree]
+    bounds = np.cumsum([0, *counts])
+    return [jax.tree_util.tree_map(lambda x, a=a, b=b: x[a:b], tree) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _precondition_padded(kinds: list, pieces: list, factors: list) -> list:
+    """Small parameters' pieces preconditioned together, padded (`precondition_padded`)."""
+    padded = _Padded(kinds, [len(x) for x in pieces])
+    q1, q2 = padded.factors(factors)
+    done = jax.vmap(precondition_padded)(padded.matrices(pieces), q1, q2, jnp.asarray(padded.counts.astype(np.float32)))
+    return padded.unpadded(done)
 
 
 def _preconditioned(m_hat: jax.Array, q: tuple) -> jax.Array:
@@ -409,98 +556,11 @@ def _preconditioned(m_hat: jax.Array, q: tuple) -> jax.Array:
 scale_by_kron = ScaleByKron
 
 
-def step_keys(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """A step's keys from the state's: `(next_key, update_coin, balance_coin, probes)`."""
-    next_key, coin, balance, probes = jax.random.split(key, 4)
-    return next_key, coin, balance, probes
-
-
-def kron_probes(key: jax.Array, shapes: list[tuple[int, ...]], dtype: Any) -> list[jax.Array]:
-    """The probes `V ~ N(0, I)` of a step, one per parameter in the shape of its layout."""
-    keys = jax.random.split(key, len(shapes))
-    return [jax.random.normal(k, shape, dtype) for k, shape in zip(keys, shapes)]
-
-
-def _along(x: jax.Array, axis: int, fn: Any) -> jax.Array:
-    """`fn` applied to the unfolding of `x` along `axis` (that axis first, the rest flattened)."""
-    moved = jnp.moveaxis(x, axis, 0)
-    out = fn(moved.reshape(moved.shape[0], -1)).reshape(moved.shape)
-    return jnp.moveaxis(out, 0, axis)
-
-
-def _unfolding(x: jax.Array, axis: int) -> jax.Array:
-    moved = jnp.moveaxis(x, axis, 0)
-    return moved.reshape(moved.shape[0], -1)
-
-
-def _gram(x: jax.Array, axis: int, diagonal: bool) -> jax.Array:
-    """`X X^T` of the unfolding `X` along `axis`, or its diagonal."""
-    u = _unfolding(x, axis)
-    return jnp.sum(u * u, axis=1) if diagonal else u @ u.T
-
-
-def norm_lower_bound(a: jax.Array) -> jax.Array:
-    """A lower bound of the spectral norm of a symmetric matrix `a` (0 for a zero matrix).
-
-    From the column of largest norm `c`: `x = c^T a / |c^T a|`, bound `|a x|` (exact for rank one).
-    """
-    max_abs = jnp.max(jnp.abs(a))
-    scaled = a / jnp.where(max_abs > 0, max_abs, 1)
-    column = jnp.argmax(jnp.sum(scaled * scaled, axis=0))
-    x = jnp.take(scaled, column, axis=1) @ scaled
-    x_norm = jnp.linalg.norm(x)
-    x = x / jnp.where(x_norm > 0, x_norm, 1)
-    return jnp.where(max_abs > 0, jnp.linalg.norm(scaled @ x) * max_abs, 0)
-
-
-def update_factors(Qs: tuple, G: jax.Array, V: jax.Array, lr: Any, tiny: Any) -> tuple:
-    """One update of the factors `Qs` from the pair (probe `V`, probed gradient `G`)."""
-    A, conj_B = G, V
-    for axis, q in enumerate(Qs):
-        if q.ndim == 1:
-            A = _along(A, axis, lambda u, q=q: q[:, None] * u)
-            conj_B = _along(conj_B, axis, lambda u, q=q: u / q[:, None])
-        else:
-            A = _along(A, axis, lambda u, q=q: q @ u)
-            conj_B = _along(conj_B, axis, lambda u, q=q: jax.scipy.linalg.solve_triangular(q, u, trans="T", lower=False))
-    # A and B scaled alike by a power of two (1 but for huge entries): each factor's step is
-    # a ratio of their Gram matrices, the same, and the Gram matrices stay finite.
-    scale = jnp.minimum(overflow_scale(A), overflow_scale(conj_B))
-    A, conj_B = A * scale, conj_B * scale
-    new = []
-    for axis, q in enumerate(Qs):
-        diagonal = q.ndim == 1
-        term_a, term_b = _gram(A, axis, diagonal), _gram(conj_B, axis, diagonal)
-        step, total = (term_a - term_b) * lr, term_a + term_b
-        if diagonal:
-            new.append(q - step * (q / jnp.maximum(jnp.max(jnp.abs(total)), tiny)))
-        else:
-            new.append(q - (jnp.triu(step) / jnp.maximum(norm_lower_bound(total), tiny)) @ q)
-    return tuple(new)
-
-
-def balanced(Qs: tuple, balance: jax.Array) -> tuple:
-    """The factors rescaled to the geometric mean of their largest entries, where `balance`
-    holds (a product of factors with the same `P`); `Qs` as they are (times exactly 1) else."""
-    if len(Qs) < 2:
-        return Qs
-    norms = jnp.stack([jnp.max(jnp.abs(q)) for q in Qs])
-    factors = jnp.where(balance, jnp.exp(jnp.mean(jnp.log(norms))) / norms, 1)
-    return tuple(q * f.astype(q.dtype) for q, f in zip(Qs, factors))
-
-
-def precondition(Qs: tuple, G: jax.Array) -> jax.Array:
-    """`P G = G ×_i (Q_i^T Q_i)`."""
-    for axis, q in enumerate(Qs):
-        if q.ndim == 1:
-            G = _along(G, axis, lambda u, q=q: (q * q)[:, None] * u)
-        else:
-            G = _along(G, axis, lambda u, q=q: q.T @ (q @ u))
-    return G
-
-
-def clip_rms(update: jax.Array) -> jax.Array:
-    """`update * min(1, 1.1 / (rms(update) + 1e-12))` (the RMS of huge entries without overflow)."""
-    scale = overflow_scale(update)
-    rms = jnp.sqrt(jnp.mean(jnp.square(update * scale))) / scale
-    return update * jnp.minimum(1.0, RMS_CLIP / (rms + RMS_EPS))
+def step_draws(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """A step's random draws from the state's key: `(next_key, update_coin, balance_coin,
+    probe_seed)`, the coins uniform in [0, 1) and the probes' seed two uint32 words (see
+    `kron_probes`); all from one split and four words of bits."""
+    next_key, key = jax.random.split(key)
+    words = jax.random.bits(key, (4,), jnp.uint32)
+    coins = jax.lax.bitcast_convert_type((words[:2] >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+    return next_key, coins[0], coins[1], words[2:]

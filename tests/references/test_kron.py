@@ -2,7 +2,7 @@
 
 - kron_torch 0.3.3's `Kron`, 8 steps, fed the same probes: `torch.randn_like` (where the
   reference draws `V`) is patched to return the probes modopt draws from its key (read off the
-  state with the transform's own `step_keys` and `kron_probes`), so everything but the drawing
+  state with the transform's own `step_draws` and `kron_probes`), so everything but the drawing
   is compared. The update probability is 1 (both update every step) and balancing is forced
   on or off in both. kron_torch adds the damping to its debiased momentum in place, so its
   preconditioned step sees the damped momentum; the parity runs wrap its `_update_precond`
@@ -28,7 +28,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import modopt
-from modopt.transforms._kron import DAMPING, kron_layout, kron_probes, step_keys
+import modopt.transforms._kron as kron_module
+from modopt.transforms._kron import DAMPING, kron_layout, kron_probes, step_draws
+from modopt.transforms._kron_numerics import normal_at, threefry2x32
 
 torch = pytest.importorskip("torch")
 kron_torch = pytest.importorskip("kron_torch.kron")
@@ -67,7 +69,7 @@ def run_modopt(tx, params, steps, jit=True):
     trajectory, probes = [], []
     for step in range(steps):
         kron_state = state[0] if isinstance(tx, modopt.Kron) else state
-        probes.append([np.asarray(v) for v in kron_probes(step_keys(kron_state.key)[3], shapes, jnp.float32)])
+        probes.append([np.asarray(v) for v in kron_probes(step_draws(kron_state.key)[3], shapes, jnp.float32)])
         grads = {n: g for n, g in make_grads(step).items() if n in params}
         updates, state = update(jax.tree.map(jnp.asarray, grads), state, params)
         params = modopt.apply_updates(params, updates)
@@ -197,7 +199,7 @@ def _matches_numpy(steps: int, scale: float = 1.0) -> None:
     numpy_qs = {n: tuple(np.asarray(q, np.float64) for q in tx.unstacked(state).Qs[n]) for n in shapes}
     for step in range(steps):
         grads = {n: g * np.float32(scale) for n, g in make_grads(step).items() if n in shapes}
-        probes = kron_probes(step_keys(state.key)[3], list(shapes.values()), jnp.float32)
+        probes = kron_probes(step_draws(state.key)[3], list(shapes.values()), jnp.float32)
         updates, state = update(jax.tree.map(jnp.asarray, grads), state)
         for (name, g), v in zip(sorted(grads.items()), probes):
             numpy_qs[name], expected = numpy_kron_step(numpy_qs[name], g.astype(np.float64), np.asarray(v, np.float64), 0.2)
@@ -206,7 +208,12 @@ def _matches_numpy(steps: int, scale: float = 1.0) -> None:
                 np.testing.assert_allclose(q, r, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"Q of {name}, step {step}")
 
 
-def test_steps_match_numpy_from_the_paper():
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "per_layout"])
+def test_steps_match_numpy_from_the_paper(padded, monkeypatch):
+    """Both ways of running the step: small parameters padded together, and one program per
+    layout (every parameter above the padding's limit)."""
+    if not padded:
+        monkeypatch.setattr(kron_module, "PADDED_MAX", 0)
     _matches_numpy(STEPS)
 
 
@@ -299,8 +306,8 @@ def test_jitted_steps_equal_eager_steps():
     jitted, _, jitted_state = run_modopt(tx, params, 3, jit=True)
     coins, key = [], jax.random.key(3)
     for _ in range(3):
-        key, coin, _, _ = step_keys(key)
-        coins.append(bool(jax.random.uniform(coin) < 0.5))
+        key, coin, _, _ = step_draws(key)
+        coins.append(bool(coin < 0.5))
     assert True in coins and False in coins
     for a, b in zip(eager, jitted):
         for name in params:
@@ -402,3 +409,68 @@ def test_bad_hyperparameters(kwargs, message):
 def test_complex_parameters_are_refused_with_their_path():
     with pytest.raises(TypeError, match=r"\['w'\] is complex"):
         modopt.kron().init({"w": jnp.ones((2, 2), jnp.complex64)})
+
+
+def test_threefry_matches_jax():
+    """The probes' generator is Threefry-2x32 (20 rounds): jax's own primitive as the oracle."""
+    from jax.extend.random import threefry2x32_p
+
+    seed = jnp.asarray([0x13198A2E, 0x03707344], jnp.uint32)
+    hi, lo = (jnp.asarray(np.random.default_rng(k).integers(0, 2**32, 1000, dtype=np.uint64), jnp.uint32) for k in (1, 2))
+    ours = threefry2x32(seed, hi, lo)
+    theirs = threefry2x32_p.bind(jnp.broadcast_to(seed[0], hi.shape), jnp.broadcast_to(seed[1], hi.shape), hi, lo)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_probes_are_standard_normal_and_numbered_by_entry():
+    """200,000 probes: mean, variance, tails and quantiles of N(0, 1), no correlation between
+    neighbours; the probes of several parameters are the numbers of one array of all their
+    entries, cut (however the parameters are shaped)."""
+    from scipy import stats
+
+    seed = jnp.asarray([7, 11], jnp.uint32)
+    (flat,) = kron_probes(seed, [(200_000,)], jnp.float32)
+    z = np.asarray(flat, np.float64)
+    assert abs(z.mean()) < 0.01 and abs(z.var() - 1) < 0.015
+    assert abs(np.corrcoef(z[:-1], z[1:])[0, 1]) < 0.01
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert abs(np.mean(np.abs(z) > 3) - 2 * stats.norm.sf(3)) < 1e-3
+    shapes = [(3, 4), (5,), (1,), (2, 3, 4)]
+    parts = kron_probes(seed, shapes, jnp.float32)
+    np.testing.assert_array_equal(np.concatenate([np.ravel(p) for p in parts]), z[:42].astype(np.float32))
+    assert np.all(np.isfinite(np.asarray(normal_at(seed, jnp.zeros(4, jnp.uint32), jnp.asarray([0, 1, 2**32 - 1, 2**31], jnp.uint32)))))
+
+
+def test_small_parameters_share_one_program():
+    """Six small parameters of five layouts lower to the loops and products of one: the padded
+    step's two triangular-solve loops and its matrix products, once (one per layout before)."""
+
+    def counts(shapes):
+        params = {f"p{i}": jnp.zeros(shape) for i, shape in enumerate(shapes)}
+        tx = modopt.scale_by_kron()
+        text = jax.jit(tx.update).lower(params, tx.init(params), params).as_text()
+        return text.count("stablehlo.while"), text.count("stablehlo.dot_general")
+
+    one = counts([(6, 4)])
+    assert counts([(6, 4), (5,), (3, 7), (7, 3), (2, 2), ()]) == one
+    # The two solves' loops (a parameter above the padding's limit has none: LAPACK's solves).
+    assert one[0] == counts([(200, 3)])[0] + 2
+
+
+def test_small_solves_by_substitution_on_cpu_by_the_backend_elsewhere():
+    """The padded step's triangular solves: a loop of XLA's operations on CPU, equal to LAPACK's
+    solve; the backend's triangular solve where lowered for a GPU (checked on the lowering)."""
+    from modopt.transforms._kron_numerics import forward_substitution, solve_lower
+
+    rng = np.random.default_rng(0)
+    lower = np.tril(rng.standard_normal((7, 7))) + 4 * np.eye(7)
+    rhs = rng.standard_normal((7, 3))
+    expected = np.linalg.solve(lower, rhs)
+    ours = forward_substitution(jnp.asarray(lower, jnp.float32), jnp.asarray(rhs, jnp.float32))
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+    args = (jnp.asarray(lower, jnp.float32), jnp.asarray(rhs, jnp.float32))
+    cpu = jax.jit(solve_lower).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
+    gpu = jax.jit(solve_lower).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.while" in cpu and "trsm" not in cpu
+    assert "stablehlo.while" not in gpu and ("triangular_solve" in gpu or "trsm" in gpu)

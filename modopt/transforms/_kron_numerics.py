@@ -1,0 +1,278 @@
+"""The numerics of PSGD Kron: the probes, the factors' update, the preconditioning.
+
+Per parameter (`update_factors`, `precondition`), for a tensor of any number of axes whose
+factors are triangular matrices or diagonals; and for many small parameters at once
+(`fit_padded`, `precondition_padded`): matrices and vectors of up to `PADDED_MAX` per axis, each
+zero-padded to the largest of them, their factors as dense matrices (a diagonal one too), one
+program for all of them instead of one per parameter. The padded form computes the same
+formulas (the helpers below are shared); its padding rows and columns stay zero throughout.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg
+import numpy as np
+
+from .._numerics import overflow_scale
+
+# The damping added to the probed gradient, `sqrt(float32 eps) * mean|g| * v`, as the reference.
+DAMPING = math.sqrt(float(np.finfo(np.float32).eps))
+RMS_CLIP = 1.1  # the preconditioned update's RMS is capped at this, as the reference
+RMS_EPS = 1e-12
+
+
+def kron_probes(seed: jax.Array, shapes: list[tuple[int, ...]], dtype: Any) -> list[jax.Array]:
+    """The probes `V ~ N(0, I)` of a step, one per parameter in the shape of its layout.
+
+    The parameters' entries are numbered in the order of the leaves (row-major within each);
+    entry `i`'s probe is Threefry's normal number `i` under the step's `seed`, two uint32 words
+    (`normal_at`). A probe depends on where its entry is, never on how the work is
+    cut: a device that draws only the probes of the parameters it owns draws the same numbers,
+    and so does a parameter preconditioned as its transpose or padded among others."""
+    return [
+        normal_at(seed, *entry_numbers(split_offset(offset), jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape))).astype(dtype)
+        for offset, shape in zip(probe_offsets(shapes), shapes)
+    ]
+
+
+def probe_offsets(shapes: list[tuple[int, ...]]) -> list[int]:
+    """The number of the first entry of each parameter (see `kron_probes`)."""
+    return [int(n) for n in np.cumsum([0] + [math.prod(s) for s in shapes[:-1]])] if shapes else []
+
+
+def split_offset(offset: int) -> np.ndarray:
+    """An entry number below `2**64` as its two uint32 words `(high, low)`."""
+    return np.array([offset >> 32, offset & 0xFFFFFFFF], np.uint32)
+
+
+def entry_index(shape: tuple[int, ...], rows: Any = None, cols: Any = None, turned: Any = None) -> jax.Array:
+    """The row-major index (uint32) of each entry of a unit of `shape` in its parameter: a 2-d
+    unit holds a `(rows, cols)` matrix (its leading block, default: all of it), or the transpose
+    of a `(cols, rows)` one where `turned`; a unit of another rank is its parameter, reshaped."""
+    if len(shape) != 2:
+        return jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+    i, j = (jax.lax.broadcasted_iota(jnp.uint32, shape, axis) for axis in (0, 1))
+    rows = jnp.uint32(shape[0]) if rows is None else jnp.asarray(rows, jnp.uint32)
+    cols = jnp.uint32(shape[1]) if cols is None else jnp.asarray(cols, jnp.uint32)
+    index = i * cols + j
+    return index if turned is None else jnp.where(turned, j * rows + i, index)
+
+
+def entry_numbers(offset: Any, index: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The numbers `offset + index` as uint32 words `(high, low)`, `offset` given as its words."""
+    offset = jnp.asarray(offset, jnp.uint32)
+    low = index + offset[1]
+    return offset[0] + (low < offset[1]).astype(jnp.uint32), low  # the carry into the high word
+
+
+# Threefry-2x32's rotations and key-schedule parity (Salmon et al., 2011, "Parallel random
+# numbers: as easy as 1, 2, 3"; the generator behind `jax.random`).
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = 0x1BD11BDA
+
+
+def threefry2x32(seed: jax.Array, hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Threefry-2x32 with 20 rounds of the counters `(hi, lo)` (uint32 arrays) under the key
+    `seed` (two uint32 words): straight-line elementwise code, one fused kernel."""
+    k = (seed[0], seed[1], seed[0] ^ seed[1] ^ jnp.uint32(_PARITY))
+    x0, x1 = hi + k[0], lo + k[1]
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = (x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))
+            x1 = x0 ^ x1
+        x0 = x0 + k[(block + 1) % 3]
+        x1 = x1 + k[(block + 2) % 3] + jnp.uint32(block + 1)
+    return x0, x1
+
+
+def normal_at(seed: jax.Array, hi: jax.Array, lo: jax.Array) -> jax.Array:
+    """Standard normal float32 numbers, one per entry number `(hi, lo)` (uint32 words): the
+    exclusive or of Threefry's two words of the number, a uniform in (-1, 1) from its top 23
+    bits, and `sqrt(2) erfinv` of that."""
+    x0, x1 = threefry2x32(seed, hi, lo)
+    bits = x0 ^ x1
+    unit = jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+    lowest = np.nextafter(np.float32(-1.0), np.float32(0.0))
+    return np.float32(math.sqrt(2.0)) * jax.lax.erf_inv(jnp.maximum(2.0 * unit - 1.0, lowest))
+
+
+def _along(x: jax.Array, axis: int, fn: Any) -> jax.Array:
+    """`fn` applied to the unfolding of `x` along `axis` (that axis first, the rest flattened)."""
+    moved = jnp.moveaxis(x, axis, 0)
+    out = fn(moved.reshape(moved.shape[0], -1)).reshape(moved.shape)
+    return jnp.moveaxis(out, 0, axis)
+
+
+def _unfolding(x: jax.Array, axis: int) -> jax.Array:
+    moved = jnp.moveaxis(x, axis, 0)
+    return moved.reshape(moved.shape[0], -1)
+
+
+def _gram(x: jax.Array, axis: int, diagonal: bool) -> jax.Array:
+    """`X X^T` of the unfolding `X` along `axis`, or its diagonal."""
+    u = _unfolding(x, axis)
+    return jnp.sum(u * u, axis=1) if diagonal else u @ u.T
+
+
+def norm_lower_bound(a: jax.Array) -> jax.Array:
+    """A lower bound of the spectral norm of a symmetric matrix `a` (0 for a zero matrix).
+
+    From the column of largest norm `c`: `x = c^T a / |c^T a|`, bound `|a x|` (exact for rank one).
+    """
+    max_abs = jnp.max(jnp.abs(a))
+    scaled = a / jnp.where(max_abs > 0, max_abs, 1)
+    column = jnp.argmax(jnp.sum(scaled * scaled, axis=0))
+    x = jnp.take(scaled, column, axis=1) @ scaled
+    x_norm = jnp.linalg.norm(x)
+    x = x / jnp.where(x_norm > 0, x_norm, 1)
+    return jnp.where(max_abs > 0, jnp.linalg.norm(scaled @ x) * max_abs, 0)
+
+
+def diagonal_step(q: jax.Array, step: jax.Array, total: jax.Array, tiny: Any) -> jax.Array:
+    """A diagonal factor `q` after its step `step = lr (a - b)`, `total = a + b` (the diagonals
+    of the Gram matrices), normalized by the largest entry of `total`."""
+    return q - step * (q / jnp.maximum(jnp.max(jnp.abs(total)), tiny))
+
+
+def triangular_step(q: jax.Array, step: jax.Array, total: jax.Array, tiny: Any) -> jax.Array:
+    """A triangular factor `q` after its step `step = lr (A A^T - B B^T)`, `total = A A^T + B B^T`,
+    normalized by a lower bound of the spectral norm of `total`."""
+    return q - (jnp.triu(step) / jnp.maximum(norm_lower_bound(total), tiny)) @ q
+
+
+def damped(fitted: jax.Array, probe: jax.Array, count: Any = None) -> jax.Array:
+    """`fitted + sqrt(eps) mean|fitted| probe`, the mean over `count` entries (default: all; the
+    others are zero padding), taken on a copy scaled by a power of two (huge entries)."""
+    count = fitted.size if count is None else count
+    scale = overflow_scale(fitted)  # 1 but for huge entries, whose mean would overflow
+    mean = jnp.sum(jnp.abs(fitted * scale)) / count / scale
+    return fitted + (DAMPING * mean).astype(fitted.dtype) * probe
+
+
+def update_factors(Qs: tuple, G: jax.Array, V: jax.Array, lr: Any, tiny: Any) -> tuple:
+    """One update of the factors `Qs` from the pair (probe `V`, probed gradient `G`)."""
+    A, conj_B = G, V
+    for axis, q in enumerate(Qs):
+        if q.ndim == 1:
+            A = _along(A, axis, lambda u, q=q: q[:, None] * u)
+            conj_B = _along(conj_B, axis, lambda u, q=q: u / q[:, None])
+        else:
+            A = _along(A, axis, lambda u, q=q: q @ u)
+            conj_B = _along(conj_B, axis, lambda u, q=q: jax.scipy.linalg.solve_triangular(q, u, trans="T", lower=False))
+    A, conj_B = _scaled_alike(A, conj_B)
+    new = []
+    for axis, q in enumerate(Qs):
+        diagonal = q.ndim == 1
+        term_a, term_b = _gram(A, axis, diagonal), _gram(conj_B, axis, diagonal)
+        step, total = (term_a - term_b) * lr, term_a + term_b
+        new.append(diagonal_step(q, step, total, tiny) if diagonal else triangular_step(q, step, total, tiny))
+    return tuple(new)
+
+
+def _scaled_alike(A: jax.Array, B: jax.Array) -> tuple[jax.Array, jax.Array]:
+    # A and B scaled alike by a power of two (1 but for huge entries): each factor's step is
+    # a ratio of their Gram matrices, the same, and the Gram matrices stay finite.
+    scale = jnp.minimum(overflow_scale(A), overflow_scale(B))
+    return A * scale, B * scale
+
+
+def balance_scales(norms: jax.Array, balance: jax.Array) -> jax.Array:
+    """Per factor, the scale that brings its largest entry (`norms`) to the geometric mean of
+    all of them, where `balance` holds (the product, `P`, unchanged); exactly 1 else."""
+    return jnp.where(balance, jnp.exp(jnp.mean(jnp.log(norms))) / norms, 1)
+
+
+def balanced(Qs: tuple, balance: jax.Array) -> tuple:
+    """The factors rescaled to the geometric mean of their largest entries, where `balance`
+    holds (a product of factors with the same `P`); `Qs` as they are (times exactly 1) else."""
+    if len(Qs) < 2:
+        return Qs
+    factors = balance_scales(jnp.stack([jnp.max(jnp.abs(q)) for q in Qs]), balance)
+    return tuple(q * f.astype(q.dtype) for q, f in zip(Qs, factors))
+
+
+def precondition(Qs: tuple, G: jax.Array) -> jax.Array:
+    """`P G = G ×_i (Q_i^T Q_i)`."""
+    for axis, q in enumerate(Qs):
+        if q.ndim == 1:
+            G = _along(G, axis, lambda u, q=q: (q * q)[:, None] * u)
+        else:
+            G = _along(G, axis, lambda u, q=q: q.T @ (q @ u))
+    return G
+
+
+def clip_rms(update: jax.Array, count: Any = None) -> jax.Array:
+    """`update * min(1, 1.1 / (rms(update) + 1e-12))`, the RMS over `count` entries (default:
+    all; the others are zero padding), of huge entries without overflow."""
+    count = update.size if count is None else count
+    scale = overflow_scale(update)
+    rms = jnp.sqrt(jnp.sum(jnp.square(update * scale)) / count) / scale
+    return update * jnp.minimum(1.0, RMS_CLIP / (rms + RMS_EPS))
+
+
+# ---- many small parameters at once, zero-padded -----------------------------------------------
+
+# Parameters whose layout has at most two axes, none longer than this, are fitted and
+# preconditioned together, padded (`ScaleByKron`): padding costs little at these sizes, and one
+# program for all of them compiles in a fraction of the time of one per parameter.
+PADDED_MAX = 128
+
+
+def solve_lower(lower: jax.Array, rhs: jax.Array) -> jax.Array:
+    """`X` with `lower @ X = rhs`, `lower` lower triangular (nonsingular) and small: on CPU by
+    `forward_substitution` (LAPACK's threaded solves stalled there for milliseconds each on a
+    loaded machine), elsewhere by the backend's triangular solve (one kernel, not a loop)."""
+    return jax.lax.platform_dependent(
+        lower, rhs, cpu=forward_substitution, default=functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True)
+    )
+
+
+def forward_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
+    """`X` with `lower @ X = rhs`, `lower` lower triangular (nonsingular): row by row, in a loop
+    of XLA's own operations."""
+
+    def row(i, x):
+        return x.at[i].set((rhs[i] - lower[i] @ x) / lower[i, i])
+
+    return jax.lax.fori_loop(0, lower.shape[0], row, jnp.zeros_like(rhs))
+
+
+def padded_step(q: jax.Array, term_a: jax.Array, term_b: jax.Array, lr: Any, tiny: Any, diagonal: jax.Array) -> jax.Array:
+    """A dense factor (zero-padded) after its step from the Gram matrices: `triangular_step`, or
+    `diagonal_step` on the diagonals where `diagonal` (the factor is then a diagonal matrix)."""
+    step, total = (term_a - term_b) * lr, term_a + term_b
+    along = diagonal_step(jnp.diagonal(q), jnp.diagonal(step), jnp.diagonal(total), tiny)
+    return jnp.where(diagonal, along[:, None] * jnp.eye(q.shape[0], dtype=q.dtype), triangular_step(q, step, total, tiny))
+
+
+def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, fixed1, balance, lr, tiny):
+    """One small parameter's two dense factors after an update (see `update_factors`): its
+    `(rows, cols)` matrix (`fitted`, `probe`) zero-padded, `q1` and `q2` zero-padded too, a
+    diagonal factor as a diagonal matrix; `fixed1`: the parameter is a vector, `q1` a fixed 1
+    (neither updated nor balanced)."""
+    scales = balance_scales(jnp.stack([jnp.max(jnp.abs(q1)), jnp.max(jnp.abs(q2))]), balance & ~fixed1)
+    q1, q2 = q1 * scales[0].astype(q1.dtype), q2 * scales[1].astype(q2.dtype)
+    G = damped(fitted, probe, count)
+    A = q1 @ G @ q2.T
+    # The padding's diagonal is 1 for the solves: B = Q1^{-T} V Q2^{-1}, zero in the padding.
+    eye1 = jnp.diag((jnp.arange(q1.shape[0]) >= rows).astype(q1.dtype))
+    eye2 = jnp.diag((jnp.arange(q2.shape[0]) >= cols).astype(q2.dtype))
+    B = solve_lower((q2 + eye2).T, solve_lower((q1 + eye1).T, probe).T).T
+    A, B = _scaled_alike(A, B)
+    new1 = padded_step(q1, A @ A.T, B @ B.T, lr, tiny, diagonal1)
+    new2 = padded_step(q2, A.T @ A, B.T @ B, lr, tiny, diagonal2)
+    return jnp.where(fixed1, q1, new1), new2
+
+
+def precondition_padded(m_hat: jax.Array, q1: jax.Array, q2: jax.Array, count: Any) -> jax.Array:
+    """One small parameter's update `Q1^T Q1 m_hat Q2^T Q2` from its padded matrix and factors,
+    its RMS (over `count` entries) capped."""
+    left = q1.T @ (q1 @ m_hat)
+    return clip_rms((q2.T @ (q2 @ left.T)).T, count)

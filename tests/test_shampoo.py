@@ -431,9 +431,10 @@ def test_inverse_roots_of_several_p_in_one_batch(their_root):
 
 
 def test_blocks_of_one_size_share_one_root_program_whatever_their_root():
-    """Without a mesh, a vector (root 2) and a matrix (root 4) of 16-blocks are rooted in one
-    batch: their loops are as many as one vector's (each batch of roots is a program of its
-    own, seconds to compile), with each parameter's update as computed alone."""
+    """Without a mesh, vectors (root 2) of sizes 10 to 64, padded to the largest, and a matrix
+    (root 4) of 16-blocks are rooted in one batch: their loops are as many as one vector's (each
+    batch of roots is a program of its own, seconds to compile), with each parameter's update as
+    computed alone."""
     tx = modopt.scale_by_shampoo(
         start_preconditioning_step=0,
         graft_type="none",
@@ -441,7 +442,7 @@ def test_blocks_of_one_size_share_one_root_program_whatever_their_root():
         nesterov=False,
         best_effort_shape_interpretation=False,  # the matrix stays (16, 16)
     )
-    params = {"v": jnp.zeros((16,)), "m": jnp.zeros((16, 16))}
+    params = {"v": jnp.zeros((16,)), "m": jnp.zeros((16, 16)), **{f"b{n}": jnp.zeros((n,)) for n in (10, 33, 64)}}
     grads = {k: jax.random.normal(jax.random.key(i), x.shape) for i, (k, x) in enumerate(params.items())}
 
     def loops(p):
@@ -454,6 +455,19 @@ def test_blocks_of_one_size_share_one_root_program_whatever_their_root():
         alone, _ = tx.update({k: grads[k]}, tx.init({k: params[k]}))
         # A one-step statistic has a condition number of 1e6: float32 determines its root to ~1e-4.
         np.testing.assert_allclose(together[k], alone[k], rtol=1e-4, atol=1e-4 * float(jnp.abs(alone[k]).max()))
+
+
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64")
+def test_shampoo_statistics_have_the_reference_shapes(reference):
+    """Dimensions smaller than the block keep their own size: a (10, 64) weight and a (10,)
+    bias with blocks of 128 (shapes not merged) have the reference's statistics, 10 x 10 and
+    64 x 64, not 128 x 128."""
+    params = {"w": jnp.ones((10, 64)), "b": jnp.ones((10,))}
+    ours = modopt.scale_by_shampoo(128, best_effort_shape_interpretation=False)
+    mine = ours.unstacked(ours.init(params)).statistics
+    theirs = reference.distributed_shampoo(1e-3, block_size=128, best_effort_shape_interpretation=False).init(params)
+    shapes = {k: [tuple(s.shape) for s in v.statistics] for k, v in theirs.stats.items()}
+    assert {k: [tuple(s.shape[1:]) for s in v] for k, v in mine.items()} == shapes == {"w": [(10, 10), (64, 64)], "b": [(10, 10)]}
 
 
 BAD_ROOT = [

@@ -149,10 +149,9 @@ class ScaleBySoap(AbstractTransform):
     (first step, refresh, plain) is the branches of one `lax.switch` on the step count, so a
     step pays for the `O(d^3)` eigendecomposition (first step) or QR and the moments' rotation
     (refresh) only when it needs it; a plain step costs two rotations, `O(size * sum(d))`, and
-    the statistics' products. The program holds the Adam step once, and without a mesh one
-    eigendecomposition and one QR call per distinct statistic size (same-size statistics of
-    all parameters and dimensions batched): compile time grows with the number of distinct
-    sizes, not of parameters. On GPU, XLA may copy the
+    the statistics' products. The program holds the Adam step once, and one eigendecomposition
+    and one QR call per statistic (batching same-size ones deadlocks XLA's CPU runtime inside
+    nested scans; see `_per_matrix`). On GPU, XLA may copy the
     branch index to the host to pick the branch, a small synchronisation per step (not
     measured here). Under `jax.vmap` (a batch of optimizers) the switch becomes a select that
     runs all three branches every step.
@@ -428,7 +427,7 @@ class ScaleBySoap(AbstractTransform):
             moments = [(m[1], m[2]) for m in moved]
 
             # The bases: one switch around the linear algebra of every piece, a step pays only for
-            # its branch; same-size matrices of all pieces are one batch (one call each).
+            # its branch.
             def eigh(stats, bases, moments):
                 return self._first_bases(stats, bases, mesh), moments
 
@@ -606,23 +605,15 @@ def _into_bases(lay: _Layout, mu: jax.Array, nu: jax.Array, old: tuple, new: tup
 
 def _per_matrix(fn: Any, rows: list, mesh: Any) -> list:
     """`fn` on every entry of `rows` (lists of tuples of arrays, or `None`), its results in the
-    same places. Without a mesh an entry is one matrix's arrays, and the entries of one shape
-    and dtype are a single batch (`jax.vmap`: one eigendecomposition or QR call for all); on a
-    mesh an entry stacks a device's units along axis 0, each stack run by `per_unit`."""
+    same places. Without a mesh an entry is one matrix's arrays; on a mesh an entry stacks a
+    device's units along axis 0, each stack run by `per_unit`.
+
+    Same-size matrices are not batched into one `jax.vmap`ped eigendecomposition or QR call:
+    on XLA's CPU runtime (jax 0.10.2) such batched LAPACK calls inside nested `lax.scan`s (a
+    whole training run in one jit, as `benchmarks/time_to_result.py` compiles it) deadlock."""
     if mesh is not None:
         return [[None if e is None else per_unit(fn, len(e[0]), *e) for e in row] for row in rows]
-    groups: dict[tuple, list] = {}
-    for r, row in enumerate(rows):
-        for c, e in enumerate(row):
-            if e is not None:
-                groups.setdefault(tuple((x.shape, x.dtype) for x in e), []).append((r, c))
-    out = [[None] * len(row) for row in rows]
-    for places in groups.values():
-        batch = [jnp.stack([rows[r][c][k] for r, c in places]) for k in range(len(rows[places[0][0]][places[0][1]]))]
-        results = jax.vmap(fn)(*batch)
-        for n, (r, c) in enumerate(places):
-            out[r][c] = tuple(x[n] for x in results)
-    return out
+    return [[None if e is None else fn(*e) for e in row] for row in rows]
 
 
 class _Own(NamedTuple):

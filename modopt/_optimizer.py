@@ -28,7 +28,7 @@ from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_wi
 from ._numerics import safe_increment
 from ._offload import check_memory_kind, to_device, to_host
 from ._signature import ModelSignature
-from ._state_report import StateReport, report_of, warn_if_large
+from ._state_report import StateReport, readable_bytes, report_of, warn_if_large
 from ._trees import is_none
 from ._updates import apply_updates
 from .combinators._diagnostics import diagnostics
@@ -273,8 +273,8 @@ class Optimizer(Module):
         tx = pretty(self.tx).replace("\n", "\n  ")
         arrays = [x for x in jax.tree_util.tree_leaves(self.state) if hasattr(x, "dtype")]
         numbers = sum(int(np.prod(x.shape)) for x in arrays)
-        size = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in arrays)
         trained = [leaf for leaf in self.signature.leaves if leaf is not None]
+        report = report_of(self.state, trained, largest=0)
         step = int(self.count) if is_concrete(self.count) else "traced"
         sharded = "" if self.layout is None else f",\n  sharded on a mesh of shape {dict(self.layout.mesh.shape)}"
         grouped = "" if self.groups is None else f",\n  {self.groups.describe()}"
@@ -283,10 +283,10 @@ class Optimizer(Module):
             options += f",\n  compensation={type(self.compensation).__name__}"
         return (
             f"Optimizer(\n  tx={tx},\n  step={step},\n"
-            f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers ({_bytes(size)}, "
-            f"{size / max(1, sum(int(np.prod(leaf.shape)) for leaf in trained)):.1f} B per parameter),\n"
+            f"  state={_state_names(self.state)}: {len(arrays)} arrays, {numbers:,} numbers "
+            f"({readable_bytes(report.bytes)}, {report.per_parameter:.1f} B per parameter),\n"
             f"  trains {len(trained)} of {len(self.signature.leaves)} model leaves "
-            f"({sum(int(np.prod(leaf.shape)) for leaf in trained):,} numbers){sharded}{grouped}{options}\n)"
+            f"({report.parameters:,} numbers){sharded}{grouped}{options}\n)"
         )
 
     # ---- hyperparameters -------------------------------------------------------------
@@ -390,13 +390,6 @@ def _state_names(state: Any) -> str:
     if type(state) is tuple:
         return "(" + ", ".join(_state_names(part) for part in state) + ")"
     return type(state).__name__
-
-
-def _bytes(size: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
 
 
 def _selects_nothing(wrt: Any, model: Any) -> str:

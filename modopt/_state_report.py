@@ -39,7 +39,7 @@ class StateArray(NamedTuple):
     bytes: int
 
     def __str__(self) -> str:
-        return f"{self.path} {self.dtype}[{','.join(map(str, self.shape))}] ({_size(self.bytes)})"
+        return f"{self.path} {self.dtype}[{','.join(map(str, self.shape))}] ({readable_bytes(self.bytes)})"
 
 
 class StateReport(NamedTuple):
@@ -62,13 +62,13 @@ class StateReport(NamedTuple):
 
     def __str__(self) -> str:
         lines = [
-            f"{_size(self.bytes)} of state for {self.parameters:,} parameters "
+            f"{readable_bytes(self.bytes)} of state for {self.parameters:,} parameters "
             f"({self.per_parameter:.1f} bytes per parameter); largest arrays:"
         ]
         lines += [f"  {a}" for a in self.largest]
         if self.by_parameter is not None:
             lines.append("by parameter:")
-            lines += [f"  {path or 'the root'}: {_size(b)}" for path, b in self.by_parameter.items()]
+            lines += [f"  {path or 'the root'}: {readable_bytes(b)}" for path, b in self.by_parameter.items()]
         return "\n".join(lines)
 
 
@@ -127,7 +127,7 @@ def warn_if_large(state: Any, params: Any, where: str) -> None:
     listed = "; ".join(f"state{a}" for a in report.largest)
     warnings.warn(
         f"{where}: the optimizer's state takes {report.per_parameter:.1f} bytes per trained parameter "
-        f"({_size(report.bytes)} for {report.parameters:,} parameters; float32 Adam keeps 8). Largest arrays: "
+        f"({readable_bytes(report.bytes)} for {report.parameters:,} parameters; float32 Adam keeps 8). Largest arrays: "
         f"{listed}. "
         + (f"Options that bound it: {'; '.join(bounds)}. " if bounds else "")
         + "`modopt.state_bytes(tx, params, by_parameter=True)` shows what each parameter costs, before "
@@ -190,7 +190,8 @@ def _nbytes(x: Any) -> int:
     return math.prod(x.shape) * (size if isinstance(size, int) else np.dtype(x.dtype).itemsize)
 
 
-def _size(n: float) -> str:
+def readable_bytes(n: float) -> str:
+    """`n` bytes in B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -47,13 +47,26 @@ class Owned:
     On a mesh it becomes a split of axis 0 over the mesh axes whose product is the largest
     divisor of the stack's length, and nothing else: ZeRO-1 does not split such a leaf further
     (each unit stays whole on its owner). Use the instance `OWNED`.
+
+    `OWNED_ELEMENTWISE` marks a stack whose state is elementwise within each unit (Adam's
+    moments): where padding the stack to a multiple of the device count would at least double
+    it (1 to 4 units on 8 devices), it is stored unpadded and split along its units' own
+    dimensions over every device, and moves to the owners only for the step's work (see
+    `modopt.sharding.spread_spec`); otherwise it is stored as `OWNED`.
+
+    Args:
+        elementwise: whether the stack's state is elementwise within each unit.
     """
 
+    def __init__(self, elementwise: bool = False):
+        self.elementwise = elementwise
+
     def __repr__(self):
-        return "OWNED"
+        return "OWNED_ELEMENTWISE" if self.elementwise else "OWNED"
 
 
 OWNED = Owned()
+OWNED_ELEMENTWISE = Owned(elementwise=True)
 
 
 def is_spec(x: Any) -> bool:

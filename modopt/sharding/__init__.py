@@ -9,6 +9,7 @@ below for writing such rules.
 
 from .._specs import REPLICATED as REPLICATED
 from .._specs import OWNED as OWNED
+from .._specs import OWNED_ELEMENTWISE as OWNED_ELEMENTWISE
 from .._specs import NoRule as NoRule
 from .._specs import drop_axis as drop_axis
 from .._specs import follow_params as follow_params
@@ -25,6 +26,7 @@ from ._owners import padded_length as padded_length
 from ._owners import run_per_unit as run_per_unit
 from ._owners import spec_of as spec_of
 from ._owners import specs_of as specs_of
+from ._owners import spread_spec as spread_spec
 from ._shardings import Layout as Layout
 from ._shardings import bytes_per_device as bytes_per_device
 from ._shardings import shardings as shardings

@@ -23,7 +23,9 @@ units to a multiple of the device count (`padded_length`), so that every device 
 units as any other (a checkpoint of it restores onto another device count by re-padding, see
 `modopt.integrations.orbax`). A stored stack is split over the mesh axes whose product is the
 largest divisor of its length (`owner_axes`; all of them, for a padded stack), and replicated
-over the others. A stack without state is padded likewise for the work alone.
+over the others. Elementwise state of a stack that padding would at least double (SOAP's moments
+of a kind with 2 units on 8 devices) is stored unpadded, split along its units' own dimensions
+(`spread_spec`), and joins its owners for the work only. A stack without state is padded likewise for the work alone.
 
 Without a mesh (or on one device), `run_per_unit` hands the transform each leaf's own units:
 the single-device code path, unchanged.
@@ -175,6 +177,35 @@ def padded_length(count: int, mesh: Any) -> int:
     """
     size = 1 if mesh is None else mesh.size
     return -(-count // size) * size
+
+
+def spread_spec(count: int, unit_shape: Sequence[int], mesh: Any) -> PartitionSpec | None:
+    """The `PartitionSpec` of a stored stack of `count` units of elementwise state
+    (`OWNED_ELEMENTWISE`: Adam's moments of SOAP) split along its units' own dimensions, or
+    `None` where it is stored on its owners as `OWNED` state is.
+
+    It is split where padding it to a multiple of the device count would at least double it
+    (as many padding units as units, or more: 1 to 4 units on 8 devices): on the owners, most
+    devices would hold a padding unit as large as a real one. It is then stored unpadded, its largest unit
+    dimension that the device count divides split over every mesh axis, and moves to its
+    owners for the step's work only (`run_per_unit`). `None` also where no unit dimension is
+    divisible, and without a mesh.
+
+    Args:
+        count: the number of units in the stack.
+        unit_shape: the shape of one unit.
+        mesh: the mesh (`None`, or a single device: never split).
+    """
+    if mesh is None or mesh.size <= 1 or padded_length(count, mesh) < 2 * count:
+        return None
+    fits = [d for d, size in enumerate(unit_shape) if size % mesh.size == 0]
+    if not fits:
+        return None
+    dim = max(fits, key=lambda d: unit_shape[d])
+    axes = tuple(name for name in mesh.axis_names if mesh.shape[name] > 1)
+    entries: list[Any] = [None] * (1 + len(unit_shape))
+    entries[1 + dim] = axes[0] if len(axes) == 1 else axes
+    return PartitionSpec(*entries)
 
 
 def _owner_layout(count: int, mesh: Any, stored: int | None) -> tuple[NamedSharding, int]:
@@ -410,7 +441,10 @@ def run_per_unit(
         stacks: which leaves' units stack together (`None` kinds where `leaves` has `None`).
         leaves: per leaf, its `LeafUnits`, or `None` for a leaf without units.
         state: per stack, the state of its units (`None`: no state): its arrays' axis 0 has
-            one row per unit, then possibly zero rows of padding units.
+            one row per unit, then possibly zero rows of padding units. Arrays stored at the
+            stack's number of units beside padded ones (elementwise state split along its
+            units, `spread_spec`) are padded and moved to the owners for the work, and come
+            back as they were stored.
         mesh: the mesh (`current_mesh()`), or `None`.
         extras: per leaf, a small array (or a pytree of them) with one row per unit that the
             work also needs (a PRNG key per unit, say): handed to `fn` after the inputs, in each
@@ -439,12 +473,16 @@ def run_per_unit(
             new_rows[leaf] = leaf_state
         if state is None:
             return per_leaf, None
-        # A state stored padded (by an `Optimizer` on a mesh) keeps its length, zero padding.
-        lengths = [_stored_length(st, stacks, s) for s, st in enumerate(state)]
-        return per_leaf, [_pad_tree(st, n) for st, n in zip(stacks.stack(new_rows), lengths)]
+        # A state stored padded (by an `Optimizer` on a mesh) keeps its lengths, zero padding.
+        for s, st in enumerate(state):
+            _stored_length(st, stacks, s)
+        return per_leaf, [_pad_like(new_st, st) for new_st, st in zip(stacks.stack(new_rows), state)]
 
     states = list(state) if state is not None else [None] * len(stacks)
     lengths = [None if st is None else _stored_length(st, stacks, s) for s, st in enumerate(states)]
+    # Elementwise state split along its units (`spread_spec`) joins its stack's owners for the work.
+    stored = states
+    states = [None if st is None else _gathered(st, stacks.size(s), n, mesh) for s, (st, n) in enumerate(zip(states, lengths))]
     moves = [_Move(stacks, s, leaves, mesh, stored=lengths[s]) for s in range(len(stacks))]
     pieces = [move.to_owners() for move in moves]
     if extras is not None:  # small per-unit data: made whole on every device, each owner takes its rows
@@ -464,21 +502,54 @@ def run_per_unit(
         return per_leaf, None
     # The padding units' state stays zero, whatever the work made of their zero inputs.
     new = [_zero_padding(st, move.size, move.owner_sharding) for st, move in zip(new, moves)]
-    return per_leaf, [_constrain(st, move.owner_sharding) for st, move in zip(new, moves)]
+    new = [_constrain(st, move.owner_sharding) for st, move in zip(new, moves)]
+    return per_leaf, [_spread_back(st, old, move.size, mesh) for st, old, move in zip(new, stored, moves)]
 
 
 def _stored_length(state: Any, stacks: UnitStacks, stack: int) -> int:
     """The length a stack's state is stored with: its number of units, or more (padding units
-    at the end, as an `Optimizer` on a mesh stores it)."""
+    at the end, as an `Optimizer` on a mesh stores it). Leaves of elementwise state split along
+    their units (`spread_spec`) are stored at the number of units while the others are padded."""
     lengths = {int(jnp.shape(x)[0]) for x in jax.tree_util.tree_leaves(state)}
     size = stacks.size(stack)
-    if len(lengths) != 1 or min(lengths) < size:
+    if len(lengths - {size}) > 1 or min(lengths) < size:
         raise ValueError(
             f"The state of the stack of units of kind {stacks.kinds[stack]} has leading axes of lengths "
             f"{sorted(lengths)}, but the parameters make {size} units of that kind: the state was made for "
             "other parameters."
         )
-    return lengths.pop()
+    return max(lengths)
+
+
+def _gathered(tree: Any, size: int, length: int, mesh: Any) -> Any:
+    """A stack's state with its leaves stored at the stack's `size` while the rest is padded to
+    `length` (elementwise state split along its units, `spread_spec`) padded to `length` too:
+    zero units added where each device holds its part of every unit, so no data moves for them."""
+
+    def pad(x):
+        spec = None if x.shape[0] == length else spread_spec(size, x.shape[1:], mesh)
+        if spec is None:
+            return _pad(x, length)
+        split = NamedSharding(mesh, spec)
+        return jax.lax.with_sharding_constraint(_pad(jax.lax.with_sharding_constraint(x, split), length), split)
+
+    return jax.tree_util.tree_map(pad, tree)
+
+
+def _spread_back(tree: Any, stored: Any, size: int, mesh: Any) -> Any:
+    """The inverse of `_gathered`: each leaf back at its `stored` length, those split along their
+    units laid out so again before they drop the padding units (each device its parts of them)."""
+
+    def back(x, old):
+        if x.shape[0] == old.shape[0]:
+            return x
+        spec = spread_spec(size, x.shape[1:], mesh)
+        if spec is None:
+            return x[: old.shape[0]]
+        split = NamedSharding(mesh, spec)
+        return jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, split)[: old.shape[0]], split)
+
+    return jax.tree_util.tree_map(back, tree, stored)
 
 
 def _zero_padding(tree: Any, size: int, sharding: NamedSharding) -> Any:
@@ -708,6 +779,11 @@ def _unpack(packed: jax.Array, layout: tuple, unit_shape: tuple[int, ...], mesh:
 
 def _pad_tree(tree: Any, length: int) -> Any:
     return jax.tree_util.tree_map(lambda x: _pad(x, length), tree)
+
+
+def _pad_like(tree: Any, like: Any) -> Any:
+    """`tree`'s leaves padded to the lengths of `like`'s (the state as it was stored)."""
+    return jax.tree_util.tree_map(lambda x, old: _pad(x, old.shape[0]), tree, like)
 
 
 def _pad(x: jax.Array, length: int) -> jax.Array:

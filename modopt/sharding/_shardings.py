@@ -15,7 +15,7 @@ from .._checks import _first_difference
 from .._offload import place, with_memory_kind
 from .._signature import ModelSignature
 from .._specs import NoRule, Owned, is_spec, padded
-from ._owners import _pad, more_specs, owner_spec, padded_length
+from ._owners import _pad, more_specs, owner_spec, padded_length, spread_spec
 
 
 class Layout:
@@ -210,7 +210,10 @@ def derive_layout(
                 f"like a parameter. {spec.owner} must declare its layout in a `state_specs` method."
             )
         lengths.append(None)
-        if isinstance(spec, Owned):  # a stack of units on their owners: whole, never split further
+        spread = spread_spec(shape[0], shape[1:], mesh) if isinstance(spec, Owned) and spec.elementwise and shape else None
+        if spread is not None:  # elementwise state of a short stack: unpadded, split inside its units
+            spec = spread
+        elif isinstance(spec, Owned):  # a stack of units on their owners: whole, never split further
             if pad_owned and shape:
                 lengths[-1] = padded_length(shape[0], mesh)
                 shape = (lengths[-1], *shape[1:])

@@ -16,7 +16,7 @@ from .._base import AbstractTransform
 from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
 from .._moments import state_dtype_for, update_dtype, update_moment, widen
 from .._numerics import overflow_exponent, safe_increment
-from .._specs import OWNED, REPLICATED
+from .._specs import OWNED, OWNED_ELEMENTWISE, REPLICATED
 from ..sharding._owners import (
     LeafUnits,
     UnitMap,
@@ -181,8 +181,12 @@ class ScaleBySoap(AbstractTransform):
     stays whole on the device that owns it, its gradient moves there (one all-to-all for all
     parameters; a parameter replicated over a mesh axis is first cut along it, which moves
     nothing) and its update back, and its rotations, eigendecompositions and QR run there,
-    once. Without a mesh every parameter runs the single-device code. A parameter without
-    elements gets an empty update and stores nothing.
+    once. The moments of a stack that padding to the device count would at least double (the
+    stack's padding units as large as its parameters: an embedding and a head of one kind on 8
+    devices) are instead stored unpadded, split along their own dimensions over every device,
+    and move to the owners and back with the gradient (`OWNED_ELEMENTWISE`, `state_specs`).
+    Without a mesh every parameter runs the single-device code. A parameter without elements
+    gets an empty update and stores nothing.
 
     Args:
         b1: the decay rate of the first moment, in [0, 1).
@@ -347,7 +351,11 @@ class ScaleBySoap(AbstractTransform):
     def state_specs(self, params: Any, param_specs: Any) -> Any:
         """Every stack (moments, statistics, bases) lies on its owners (`OWNED`: each
         parameter's state whole on the device that owns it, the stack split over the mesh axes
-        that divide its length, never split further by ZeRO-1); the count is replicated.
+        that divide its length, never split further by ZeRO-1); the count is replicated. The
+        moments are elementwise (`OWNED_ELEMENTWISE`): those of a stack that padding would at
+        least double (1 to 4 parameters of a kind on 8 devices) are stored unpadded and split
+        along their own dimensions over every device instead, and join their owners for the
+        step only (`modopt.sharding.spread_spec`).
 
         Args:
             params: the parameters, concrete or abstract.
@@ -355,11 +363,11 @@ class ScaleBySoap(AbstractTransform):
         """
         del param_specs
         state = jax.eval_shape(self.init, params)
-        owned = lambda tree: jax.tree_util.tree_map(lambda _: OWNED, tree)  # noqa: E731
+        owned = lambda tree, rule=OWNED: jax.tree_util.tree_map(lambda _: rule, tree)  # noqa: E731
         return ScaleBySoapState(
             REPLICATED,
-            owned(state.mu),
-            owned(state.nu),
+            owned(state.mu, OWNED_ELEMENTWISE),
+            owned(state.nu, OWNED_ELEMENTWISE),
             owned(state.statistics),
             owned(state.eigenbases),
             owned(state.log2_scales),

@@ -4,7 +4,9 @@ Equinox stores a `Linear` weight as `(out, in)` (`y = W @ x`), Flax linen and NN
 `(in, out)` (`y = x @ W`, optax's default for Muon); convolution kernels are `(out, in,
 *spatial)` in Equinox and `(*spatial, in, out)` in Flax. `dimension_numbers(model)` reads each
 weight's `MuonDimensionNumbers` from the layer that holds it, and `with_model_layout` gives them
-to every transform of an `Optimizer` whose dimension numbers were left at their default.
+to every transform of an `Optimizer` whose dimension numbers were left at their default: the
+matrices' to Muon and its variants, the higher-rank kernels' to Kron and Shampoo
+(`kernel_views`: the matrix each kernel is merged into).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .transforms._newton_schulz import MuonDimensionNumbers, shape_of
+from .transforms._newton_schulz import MuonDimensionNumbers, dimension_numbers_per_leaf, matrix_axes, shape_of
 
 # A rule: a leaf's shape -> its `MuonDimensionNumbers`, None where it is no weight matrix (a
 # layer's bias: Adam's, whatever its rank), or `_UNKNOWN` where the layer does not tell.
@@ -270,7 +272,9 @@ def dimension_numbers(model: Any, *args: Any, higher_rank: bool = False, **kwarg
     other than 2 get `None`, as in optax's default, unless
     `higher_rank=True`: then known kernels of higher rank (convolutions, multi-axis
     `DenseGeneral`) get theirs, and Muon orthogonalizes them as `(inputs, outputs)` matrices
-    (an Equinox `Conv` kernel `(out, in, k, k)` as the matrix `(in * k * k, out)`).
+    (an Equinox `Conv` kernel `(out, in, k, k)` as the matrix `(in * k * k, out)`). That tree
+    is also what `kron` and `shampoo` take as `weight_dimension_numbers` (they merge such a
+    kernel into that matrix; `modopt.Optimizer` fills it for them from the model).
 
     Args:
         model: an Equinox model (any pytree holding Equinox modules), an NNX module, a Flax
@@ -300,10 +304,12 @@ def dimension_numbers(model: Any, *args: Any, higher_rank: bool = False, **kwarg
 class ModelLayout:
     """The dimension numbers an `Optimizer` derived from its model (a function of the params).
 
-    It holds only the leaves whose dimension numbers differ from optax's default (matrices
-    stored `(out, in)`, a layer's bias of rank 2), by path and shape; every other leaf of the
-    tree it is called on gets optax's default. A tree that a wrapper
-    reshaped (so that a path or shape differs) gets optax's default there too.
+    It holds only the leaves whose dimension numbers change what its transform does, by path
+    and shape: for Muon, those that differ from optax's default (matrices stored `(out, in)`,
+    a layer's bias of rank 2); for Kron and Shampoo, the kernels of rank above 2 that their
+    own rules merge otherwise (Equinox's `(out, in, *spatial)`). Every other leaf of the tree
+    it is called on gets optax's default (`None` for a rank other than 2). A tree that a
+    wrapper reshaped (so that a path or shape differs) gets optax's default there too.
     """
 
     __slots__ = ("_hash", "oriented")
@@ -333,30 +339,111 @@ class ModelLayout:
         return f"ModelLayout(<{count} {'leaf' if count == 1 else 'leaves'} laid out as the model's layers store them>)"
 
 
+Runs = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def matrix_runs(axes: tuple[tuple[int, ...], ...], ndim: int) -> Runs | None:
+    """The two runs of neighbouring axes, in stored order, whose merge makes a kernel with
+    `axes` (`(batch, reduction, output)`, from `matrix_axes`) the matrix of its layer; `None`
+    where it has batch axes, or its reduction or output axes are not one run each."""
+    batch, reduction, output = axes
+    first, second = sorted((tuple(sorted(reduction)), tuple(sorted(output))))
+    return None if batch or first + second != tuple(range(ndim)) else (first, second)
+
+
+def _last_axis_out(ndim: int) -> Runs:
+    """The runs Kron's and Shampoo's own rules already read: every axis but the last, then the
+    last (Flax's `(*spatial, in, out)` convolution and `(in, out)` layers)."""
+    return tuple(range(ndim - 1)), (ndim - 1,)
+
+
+def kernel_views(spec: Any, tree: Any, owner: str) -> list[Runs | None]:
+    """Per leaf of `tree`, the runs of axes that Kron and Shampoo merge a kernel into (its
+    matrix `(inputs, outputs)`, or `(outputs, inputs)`), from its weight dimension numbers.
+
+    `None` (their own rules) for leaves of rank 2 or less (a matrix is one already), leaves
+    without dimension numbers, and kernels whose runs are every axis but the last, then the
+    last (what the rules read anyway). `spec` is as `dimension_numbers_per_leaf` takes it;
+    dimension numbers with batch axes, or whose reduction or output axes are not each a run of
+    neighbouring axes, are a `ValueError` naming `owner` and the path.
+    """
+    leaves = jax.tree_util.tree_leaves(tree)
+    if spec is None:
+        return [None] * len(leaves)
+    views: list[Runs | None] = []
+    for leaf, (where, dims) in zip(leaves, dimension_numbers_per_leaf(spec, tree, owner)):
+        shape = shape_of(leaf)
+        if dims is None or len(shape) <= 2:
+            views.append(None)
+            continue
+        runs = matrix_runs(matrix_axes(shape, dims, where or "the root", owner), len(shape))
+        if runs is None:
+            raise ValueError(
+                f"{owner}: the weight dimension numbers {dims} at {where or 'the root'} do not make the "
+                f"kernel of shape {shape} a matrix: {owner} merges a kernel's axes in their stored order, "
+                "so its reduction axes and its output axes must each be a run of neighbouring axes, with "
+                "no batch axes. Give None there (the default rules) or such dimension numbers."
+            )
+        views.append(None if runs == _last_axis_out(len(shape)) else runs)
+    return views
+
+
 def _layout_field(tx: Any) -> str | None:
     """The name of the field holding `tx`'s weight dimension numbers, if it has one."""
     return getattr(type(tx), "dimension_numbers_field", None)
+
+
+def _takes_kernels(tx: Any) -> bool:
+    """Whether `tx`'s dimension numbers are those of kernels of rank above 2 (Kron and Shampoo
+    merge them into matrices) rather than those of matrices (Muon, as optax)."""
+    return bool(getattr(type(tx), "dimension_numbers_higher_rank", False))
+
+
+def _model_layout(derived: _Derived, kernels: bool) -> ModelLayout | None:
+    """The entries of `derived` that change what a transform does, as a `ModelLayout`: for a
+    matrix transform, the matrices not in optax's layout; for a kernel transform, the kernels
+    of rank above 2 whose matrix its own rules do not read (`kernel_views`). `None` if none."""
+    if kernels:
+        oriented = tuple(
+            (key, shape, dims)
+            for key, (shape, dims) in derived.by_path.items()
+            if len(shape) > 2
+            and dims is not None
+            and matrix_runs(matrix_axes(shape, dims, str(key), "modopt"), len(shape)) not in (None, _last_axis_out(len(shape)))
+        )
+    else:
+        oriented = tuple(
+            (key, shape, dims)
+            for key, (shape, dims) in derived.by_path.items()
+            if len(shape) == 2 and dims != _optax_default(shape)
+        )
+    return ModelLayout(oriented) if oriented else None
 
 
 def with_model_layout(tx: Any, model: Any, where: str, trained: Any = None, stacklevel: int = 4) -> Any:
     """`tx` with every weight-dimension-numbers field left at `None` set from `model`'s layers.
 
     Only transforms declaring `dimension_numbers_field` are touched, and only where the field
-    is `None` (explicit dimension numbers are the user's). Where every matrix already has
-    optax's layout, `tx` is returned as it is. `trained` (the trained leaves, `None` elsewhere)
-    limits the warning about matrices of unknown layout to those.
+    is `None` (explicit dimension numbers are the user's). A transform declaring
+    `dimension_numbers_higher_rank = True` (Kron, Shampoo) gets the kernels of rank above 2
+    whose matrix its own rules would not read; any other (Muon and its variants) the
+    matrices not in optax's layout. Where there are none, the transform is left as it is.
+    `trained` (the trained leaves, `None` elsewhere) limits the warning about matrices of
+    unknown layout (given where a matrix transform is filled) to those.
     """
     is_open = lambda x: _layout_field(x) is not None and getattr(x, _layout_field(x)) is None  # noqa: E731
     open_parts = [x for x in jax.tree_util.tree_leaves(tx, is_leaf=is_open) if is_open(x)]
     if not open_parts:
         return tx
-    derived = _Derived(model, (), {}, False, where)
-    derived.warn(where, stacklevel, trained)
-    oriented = tuple(
-        (key, shape, dims) for key, (shape, dims) in derived.by_path.items() if dims != _optax_default(shape)
-    )
-    if not oriented:
+    derived = _Derived(model, (), {}, True, where)
+    if not all(map(_takes_kernels, open_parts)):  # Kron and Shampoo do not mind a matrix's orientation
+        derived.warn(where, stacklevel, trained)
+    layouts = {kernels: _model_layout(derived, kernels) for kernels in {_takes_kernels(x) for x in open_parts}}
+    if not any(layouts.values()):
         return tx
-    layout = ModelLayout(oriented)
-    fill = lambda x: dataclasses.replace(x, **{_layout_field(x): layout}) if is_open(x) else x  # noqa: E731
+
+    def fill(x):
+        layout = layouts[_takes_kernels(x)] if is_open(x) else None
+        return x if layout is None else dataclasses.replace(x, **{_layout_field(x): layout})
+
     return jax.tree_util.tree_map(fill, tx, is_leaf=is_open)

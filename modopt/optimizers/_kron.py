@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 
@@ -13,6 +13,7 @@ from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._kron import MEMORY_SAVE_MODES, ScaleByKron, _probability
+from ..transforms._newton_schulz import as_dimension_numbers
 from .._fields import Scalar
 from jax.typing import DTypeLike
 from .._masks import MaskOrFn
@@ -35,11 +36,15 @@ class Kron(AbstractComposite):
     order of magnitude or below (the reference's default is 3e-4).
 
     Layout: a matrix's two factors are alike, so `(in, out)` and `(out, in)` storage give the same
-    update, transposed. `merge_dims` sees a parameter of higher rank as the matrix
-    `(prod(shape[:-1]), shape[-1])`, as the JAX reference does: right for Flax's `(*spatial, in,
-    out)` convolution kernels (`(3, 3, 64, 128)` is `(576, 128)`), not for Equinox's `(out, in,
-    *spatial)` (`(128, 64, 3, 3)` becomes `(24576, 3)`, its long side diagonal); give such
-    kernels their own factors with `merge_dims=False`.
+    update, transposed. `merge_dims` sees a parameter of higher rank as a matrix: by default
+    `(prod(shape[:-1]), shape[-1])`, as the JAX reference does, right for Flax's `(*spatial, in,
+    out)` convolution kernels (`(3, 3, 64, 128)` is `(576, 128)`). Where the model tells the
+    layout, the kernel is its layer's matrix: `modopt.Optimizer(kron(...), model)` (and
+    `NnxOptimizer`) read Equinox's `(out, in, *spatial)` convolution kernels off the layers,
+    so `(128, 64, 3, 3)` is `(128, 576)` (the default rule would make it `(24576, 3)`, its long
+    side diagonal). A transform used on its own (`tx.init(params)`) keeps the default rule;
+    give it `weight_dimension_numbers=modopt.dimension_numbers(model, higher_rank=True)`.
+    Explicit dimension numbers, and `merge_dims=False` (a factor per axis), are kept as given.
 
     Args:
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
@@ -63,6 +68,9 @@ class Kron(AbstractComposite):
             reference's rule); `None` for all, a pytree of bools or a function of the params.
         balance_prob: the probability that an update first balances the factors, in [0, 1].
         key: the PRNG key of the first step, its raw data, or an integer seed.
+        weight_dimension_numbers: which axes of each kernel of rank above 2 form the two sides
+            of its matrix (static), as in `scale_by_kron`; `None`: the default rule, or the
+            model's layers under `modopt.Optimizer`.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.kron(3e-4, weight_decay=0.1), model)
@@ -89,6 +97,10 @@ class Kron(AbstractComposite):
     weight_decay_mask: MaskOrFn = fields.mask(at_least_2d, kw_only=True)
     balance_prob: Scalar = hyperparameter(0.01, check=UNIT, kw_only=True)
     key: jax.Array = prng_key(0, kw_only=True)
+    weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    # Set from the model by `modopt.Optimizer` where None, with the kernels of rank above 2.
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"
+    dimension_numbers_higher_rank: ClassVar[bool] = True
 
     def build(self):
         return Chain(
@@ -106,6 +118,7 @@ class Kron(AbstractComposite):
                 self.precond_dtype,
                 balance_prob=self.balance_prob,
                 key=self.key,
+                weight_dimension_numbers=self.weight_dimension_numbers,
             ),
             AddDecayedWeights(self.weight_decay, self.weight_decay_mask),
             ScaleByLearningRate(self.learning_rate),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 
@@ -23,6 +23,7 @@ from .._fields import Scalar
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate
+from ..transforms._newton_schulz import as_dimension_numbers
 from ..transforms._shampoo import GRAFT_TYPES, ScaleByShampoo, as_graft_type, check_static_ints
 from jax.typing import DTypeLike
 
@@ -38,13 +39,19 @@ class Shampoo(AbstractComposite):
     fourteen in its order), except that `block_size` defaults to 128, the reference's advice.
 
     Layout: a matrix is preconditioned on both sides, so `(in, out)` and `(out, in)` storage give
-    the same update, transposed. A kernel of higher rank is merged in its stored axis order
-    (`best_effort_shape_interpretation`: neighbouring dimensions while their product stays within
-    `merge_small_dims_block_size`): Flax's `(*spatial, in, out)` convolution kernel `(3, 3, 64,
-    128)` becomes the matrix `(576, 128)`, Equinox's `(out, in, *spatial)` `(128, 64, 3, 3)`
-    becomes `(128, 576)`, but `(32, 16, 3, 3)` becomes `(1536, 3)` where Flax's `(3, 3, 16, 32)`
-    gives `(144, 32)`. The reference is written for Flax's layout (see the docs page "Weight
-    layouts").
+    the same update, transposed. A kernel of higher rank is merged in its stored axis order by
+    default (`best_effort_shape_interpretation`: neighbouring dimensions while their product stays
+    within `merge_small_dims_block_size`), the reference's rule, written for Flax's layout: its
+    `(*spatial, in, out)` convolution kernel `(3, 3, 16, 32)` becomes the matrix `(144, 32)`.
+    In Equinox's `(out, in, *spatial)` order the same rule would make `(32, 16, 3, 3)` the
+    matrix `(1536, 3)`; where the model tells the layout, the kernel is its layer's matrix
+    instead: `modopt.Optimizer(shampoo(...), model)` (and `NnxOptimizer`) read Equinox's
+    convolution kernels off the layers, so `(32, 16, 3, 3)` is `(32, 144)`, then treated as
+    any matrix of that shape (blocked; merged into a vector if within
+    `merge_small_dims_block_size`). A transform used on its own (`tx.init(params)`) keeps the
+    stored-order merge; give it `weight_dimension_numbers=modopt.dimension_numbers(model,
+    higher_rank=True)`. Explicit dimension numbers are kept as given (see the docs page
+    "Weight layouts").
 
     Args:
         learning_rate: the step size: a number >= 0 or a schedule of the step count.
@@ -82,6 +89,9 @@ class Shampoo(AbstractComposite):
             the parameters' dtype.
         nu_dtype: the dtype of the grafting optimizer's sums of squares; `None` keeps the
             parameters' dtype. (The statistics and preconditioners are float32.)
+        weight_dimension_numbers: which axes of each kernel of rank above 2 form the two sides
+            of its matrix (static), as in `scale_by_shampoo`; `None`: the stored-order merge, or
+            the model's layers under `modopt.Optimizer`.
 
     Example:
         >>> optimizer = modopt.Optimizer(modopt.shampoo(1e-3, block_size=128, graft_type="rmsprop"), model)
@@ -114,6 +124,10 @@ class Shampoo(AbstractComposite):
     skip_preconditioning_rank_lt: int = static(1, kw_only=True)
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    # Set from the model by `modopt.Optimizer` where None, with the kernels of rank above 2.
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"
+    dimension_numbers_higher_rank: ClassVar[bool] = True
 
     def __check_init__(self):
         check_static_ints(self)
@@ -143,6 +157,7 @@ class Shampoo(AbstractComposite):
             skip_preconditioning_rank_lt=self.skip_preconditioning_rank_lt,
             mu_dtype=self.mu_dtype,
             nu_dtype=self.nu_dtype,
+            weight_dimension_numbers=self.weight_dimension_numbers,
         )
         return Chain(shampoo, ScaleByLearningRate(self.learning_rate))
 

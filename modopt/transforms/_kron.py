@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,12 +22,14 @@ from .._moments import (
     widened_update_moment,
 )
 from .._numerics import safe_increment
+from .._layouts import kernel_views
 from .._specs import OWNED, REPLICATED
 from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, per_unit, run_per_unit, specs_of, whole_map
 from .._trees import cast_like
 from ..schedules._base import AbstractSchedule, ScalarOrSchedule, _scalar_or_schedule, value_at
 from .._fields import Scalar
 from jax.typing import DTypeLike
+from ._newton_schulz import as_dimension_numbers
 from ._kron_numerics import (  # noqa: F401  (DAMPING, kron_probes: the probes' definition, for the tests)
     DAMPING,
     PADDED_MAX,
@@ -113,13 +115,17 @@ def kron_layout(
     max_size_triangular: int = 8192,
     min_ndim_triangular: int = 2,
     memory_save_mode: str | None = None,
+    view: tuple[tuple[int, ...], ...] | None = None,
 ) -> Layout:
     """The `Layout` of a parameter of `shape`, by the reference's rules.
 
     With `merge_dims`, a parameter of three or more axes is seen as the matrix
     `(prod(shape[:-1]), shape[-1])`. (The reference compares it with `(shape[0],
     prod(shape[1:]))` by the signed differences of their sides, a comparison the first always
-    wins for nonempty parameters.) An axis's
+    wins for nonempty parameters.) `view`, two runs of neighbouring axes (the layer's
+    inputs and outputs, see `modopt.dimension_numbers`), replaces that matrix by the merge of
+    each run: an Equinox convolution kernel `(out, in, kh, kw)` with `((0,), (1, 2, 3))` is
+    `(out, in * kh * kw)`. Without `merge_dims` it is not used. An axis's
     factor is diagonal when its size is 1 or above `max_size_triangular`, when the (merged) rank
     is below `min_ndim_triangular`, or when `memory_save_mode` says so: `"one_diag"` makes the
     largest axis diagonal (the last of equal largest ones), `"smart_one_diag"` does so only when
@@ -130,7 +136,8 @@ def kron_layout(
         return Layout((1,), ((),), (True,))
     groups = tuple((axis,) for axis in range(len(shape)))
     if len(shape) > 2 and merge_dims:
-        shape, groups = (math.prod(shape[:-1]), shape[-1]), (tuple(range(len(shape) - 1)), (len(shape) - 1,))
+        groups = (tuple(range(len(shape) - 1)), (len(shape) - 1,)) if view is None else tuple(map(tuple, view))
+        shape = tuple(math.prod(shape[a] for a in run) for run in groups)
     largest = int(np.argsort(shape)[::-1][0])
     if memory_save_mode is None:
         chosen = [False] * len(shape)
@@ -211,6 +218,17 @@ class ScaleByKron(AbstractTransform):
     grows with the number of programs) and, on CPU, keeps the small solves away from LAPACK,
     whose threaded solves stalled for milliseconds each on a loaded machine.
 
+    Layout: a matrix's two factors are alike, so `(in, out)` and `(out, in)` storage give the
+    same update, transposed. With `merge_dims`, a parameter of higher rank is the matrix
+    `(prod(shape[:-1]), shape[-1])` by default (the reference's rule): Flax's `(*spatial, in,
+    out)` convolution kernel `(3, 3, 64, 128)` is `(576, 128)`, its layer's matrix. Equinox
+    stores a convolution kernel `(out, in, *spatial)`, which that rule would read as
+    `(out * in * kh, kw)`; `weight_dimension_numbers` give the layer's matrix instead (the
+    reduction axes merged into one side, the output axes into the other, each a run of
+    neighbouring axes): `(128, 64, 3, 3)` is `(128, 576)`. `modopt.Optimizer(tx, model)` (and
+    `NnxOptimizer`) fill them from the model's layers where they are `None`; for a transform
+    used on its own, pass `modopt.dimension_numbers(model, higher_rank=True)`.
+
     Checked against `kron_torch.Kron` 0.3.3 (tests/test_kron.py: 8 steps, the same probes fed to
     both) and a NumPy float64 implementation of the update from the paper. Departures:
     kron_torch updates deterministically every `ceil(1 / p)`-th step (a counter) and balances
@@ -246,6 +264,12 @@ class ScaleByKron(AbstractTransform):
         balance_prob: the probability that an update first balances the factors, in [0, 1].
         key: the PRNG key of the first step (`jax.random.key(0)`), its raw data, or an integer
             seed.
+        weight_dimension_numbers: which axes of each kernel of rank above 2 form the rows and
+            which the columns of the matrix it is merged into (static): `None` (the default
+            rule), one `MuonDimensionNumbers` for all, a tree of them (`None` entries: the
+            default rule) with the params' structure or a prefix of it, or a function of the
+            params returning one. Leaves of rank 2 or less are not reshaped; dimension numbers
+            with batch axes or axes that are not runs are an error naming the path.
 
     Example:
         >>> tx = modopt.chain(modopt.scale_by_kron(preconditioner_update_probability=0.1), modopt.scale(-3e-4))
@@ -270,6 +294,10 @@ class ScaleByKron(AbstractTransform):
     precond_dtype: DTypeLike | None = fields.dtype(of="compute")
     balance_prob: Scalar = hyperparameter(0.01, check=UNIT, kw_only=True)
     key: jax.Array = prng_key(0, kw_only=True)
+    weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    # Set from the model by `modopt.Optimizer` where None, with the kernels of rank above 2.
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"
+    dimension_numbers_higher_rank: ClassVar[bool] = True
 
     def __check_init__(self):
         for name in ("max_size_triangular", "min_ndim_triangular"):
@@ -277,14 +305,16 @@ class ScaleByKron(AbstractTransform):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"Invalid {name}: {value!r} (must be an integer >= 0) in ScaleByKron.")
 
-    def layout(self, shape: tuple[int, ...]) -> Layout:
-        """The `Layout` of a parameter of `shape` under this transform's settings."""
+    def layout(self, shape: tuple[int, ...], view: tuple[tuple[int, ...], ...] | None = None) -> Layout:
+        """The `Layout` of a parameter of `shape` under this transform's settings; `view`: the
+        runs of axes its dimension numbers merge it into (see `kron_layout`)."""
         return kron_layout(
             shape,
             merge_dims=self.merge_dims,
             max_size_triangular=self.max_size_triangular,
             min_ndim_triangular=self.min_ndim_triangular,
             memory_save_mode=self.memory_save_mode,
+            view=view,
         )
 
     def _dtype(self) -> Any:
@@ -296,7 +326,8 @@ class ScaleByKron(AbstractTransform):
         transpose, with the factors swapped); and the stacks of same-layout leaves (a leaf
         without elements has none: no factors, an empty update)."""
         shapes = [jnp.shape(x) for x in jax.tree_util.tree_leaves(tree)]
-        layouts = [self.layout(shape) for shape in shapes]
+        views = kernel_views(self.weight_dimension_numbers, tree, "scale_by_kron")
+        layouts = [self.layout(shape, view) for shape, view in zip(shapes, views)]
         flips = [len(lay.shape) == 2 and lay.shape[0] > lay.shape[1] for lay in layouts]
         kinds = [
             None

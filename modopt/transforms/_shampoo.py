@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +26,12 @@ from .._fields import (
 from .._fields import Scalar
 from .._moments import init_state, update_dtype, widen
 from .._numerics import overflow_exponent, safe_increment, scaled_norm
+from .._layouts import kernel_views
 from .._specs import OWNED, REPLICATED
 from .._specs import padded as spec_entries
 from ..linalg import matrix_inverse_pth_root
 from ..sharding._owners import LeafUnits, UnitMap, UnitStacks, current_mesh, run_per_unit, specs_of
+from ._newton_schulz import as_dimension_numbers
 from jax.sharding import NamedSharding, PartitionSpec
 from jax.typing import DTypeLike
 
@@ -200,8 +202,9 @@ class ScaleByShampoo(AbstractTransform):
     layer-wise step size of a first-order method (distributed Shampoo).
 
     Each parameter is reshaped (small neighbouring dimensions merged, see
-    `best_effort_shape_interpretation`) to `k` dimensions and cut into blocks of at most
-    `block_size` along each. Per block `G` and dimension `j`, the statistic is
+    `best_effort_shape_interpretation`, or a kernel's matrix, see Layout below) to `k`
+    dimensions and cut into blocks of at most `block_size` along each. Per block `G` and
+    dimension `j`, the statistic is
 
         L_j <- beta2 L_j + (1 - beta2) G_(j) G_(j)^T       (beta2 = 1: plain sums)
 
@@ -234,6 +237,17 @@ class ScaleByShampoo(AbstractTransform):
     Adagrad, normalized and `sqrt_n` grafting, up to the damping `matrix_epsilon` and rounding. The
     norms of the grafting use a scaled copy too, and Adagrad and RMSProp grafting's sums of
     squares a power-of-two scale per parameter (`diagonal_log2_scales`).
+
+    Layout: a matrix is preconditioned on both sides, so `(in, out)` and `(out, in)` storage
+    give the same update, transposed. A kernel of higher rank is merged in its stored axis
+    order by default (the reference's rule, written for Flax's `(*spatial, in, out)`: `(3, 3,
+    16, 32)` becomes `(144, 32)`); that would make Equinox's `(out, in, *spatial)` kernel
+    `(32, 16, 3, 3)` the matrix `(1536, 3)`. With `weight_dimension_numbers`, a kernel is its
+    layer's matrix instead, the reduction axes merged into one side and the output axes into
+    the other (`(32, 144)`), which then goes through the rules of a matrix of that shape
+    (merged into a vector if within `merge_small_dims_block_size`, blocked);
+    `modopt.Optimizer(tx, model)` (and `NnxOptimizer`) fill them from the model's layers
+    where they are `None`. Unused without `best_effort_shape_interpretation`.
 
     Statistics and preconditioners are float32; the grafting state and momenta have the
     params' dtype. Sharding rule (`state_specs`), the owner scheme of `modopt.sharding`: every
@@ -307,6 +321,14 @@ class ScaleByShampoo(AbstractTransform):
             the parameters' dtype.
         nu_dtype: the dtype of the grafting optimizer's sums of squares; `None` keeps the
             parameters' dtype. (The statistics and preconditioners are float32.)
+        weight_dimension_numbers: which axes of each kernel of rank above 2 form the two sides
+            of the matrix it is read as (static): `None` (the stored-order merge), one
+            `MuonDimensionNumbers` for all, a tree of them (`None` entries: the stored-order
+            merge) with the params' structure or a prefix of it, or a function of the params
+            returning one. Leaves of rank 2 or less are not reshaped; dimension numbers with
+            batch axes or axes that are not runs are an error naming the path. The skip rule
+            (`skip_preconditioning_dim_size_gt`) reads the stored shape, and with `block_size
+            <= 0` the matrix's too.
 
     Example:
         >>> tx = modopt.chain(modopt.scale_by_shampoo(block_size=128), modopt.scale_by_learning_rate(1e-3))
@@ -339,24 +361,36 @@ class ScaleByShampoo(AbstractTransform):
     skip_preconditioning_rank_lt: int = static(1, kw_only=True)
     mu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
     nu_dtype: DTypeLike | None = fields.dtype(kw_only=True)
+    weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers, kw_only=True)
+    # Set from the model by `modopt.Optimizer` where None, with the kernels of rank above 2.
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"
+    dimension_numbers_higher_rank: ClassVar[bool] = True
 
     def __check_init__(self):
         check_static_ints(self)
 
     # -- layout ---------------------------------------------------------------------------------
 
-    def layout(self, shape: tuple[int, ...]) -> _Layout | None:
-        """How a parameter of `shape` is blocked, or `None` if it is not preconditioned."""
+    def layout(self, shape: tuple[int, ...], view: tuple[tuple[int, ...], ...] | None = None) -> _Layout | None:
+        """How a parameter of `shape` is blocked, or `None` if it is not preconditioned. `view`:
+        two runs of neighbouring axes (a kernel's inputs and outputs, from its dimension
+        numbers) whose merge is the matrix read instead of the stored shape (with
+        `best_effort_shape_interpretation`; unused without)."""
         shape = tuple(shape)
+        matrix = shape
+        if view is not None and self.best_effort_shape_interpretation:
+            matrix = tuple(math.prod(shape[a] for a in run) for run in view)
         skip = (
             len(shape) < self.skip_preconditioning_rank_lt
             or any(d > self.skip_preconditioning_dim_size_gt for d in shape)
             or math.prod(shape) == 0
+            # Unblocked, a kernel's matrix is a statistic's size: it must pass the rule too.
+            or (self.block_size <= 0 and any(d > self.skip_preconditioning_dim_size_gt for d in matrix))
         )
         if skip:
             return None
         merged = (
-            merge_small_dims(shape, self.merge_small_dims_block_size)
+            merge_small_dims(matrix, self.merge_small_dims_block_size)
             if self.best_effort_shape_interpretation
             else shape
         )
@@ -380,7 +414,8 @@ class ScaleByShampoo(AbstractTransform):
         """Each leaf's layout (`None`: not preconditioned); whether its blocks are taller than
         wide, stacked as their transposes; and the stacks of blocks of one `_Kind`."""
         shapes = [jnp.shape(x) for x in jax.tree_util.tree_leaves(tree)]
-        layouts = [self.layout(shape) for shape in shapes]
+        views = kernel_views(self.weight_dimension_numbers, tree, "scale_by_shampoo")
+        layouts = [self.layout(shape, view) for shape, view in zip(shapes, views)]
         boxes = [None if lay is None else lay.box(shape) for lay, shape in zip(layouts, shapes)]
         flips = [
             lay is not None and len(lay.sizes) == 2 and lay.sizes[0] > lay.sizes[1] and box == lay.sizes

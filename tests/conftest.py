@@ -21,16 +21,22 @@ if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " --xla_backend_optimization_level=0"
 
-# Files whose tests run for tens of seconds each, mostly in subprocesses. They are collected
-# first: with `pytest -n 2` a long test handed out last keeps one worker busy while the other
-# has nothing left to do.
+# The suite runs with `--dist loadfile` (pyproject's addopts): each file's tests go to one
+# worker, so that a module-scoped fixture (a subprocess run of tens of seconds, a reference's
+# results) runs once; split across workers, each would run it. Files are handed out in
+# collection order (`--no-loadscope-reorder`), and the longest are collected first: with
+# `pytest -n 2`, a long file handed out last keeps one worker busy while the other has nothing
+# left to do. (xdist's `loadgroup` would group finer, but pytest 9 ignores the node ids xdist
+# rewrites for it.)
 LONG_FIRST = (
+    "test_owners_mesh.py",
+    "test_lm_job.py",
     "test_sharded.py",
     "test_multiprocess.py",
     "test_references.py",
+    "test_beyond_optax_meshes.py",
     "test_optax_suite.py",
     "test_benchmarks.py",
-    "test_beyond_optax_meshes.py",
     "test_beyond_optax_bench.py",
     "test_main_job.py",
     ".ipynb",

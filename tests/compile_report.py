@@ -2,10 +2,11 @@
 
 Most of the suite's CPU is JAX compiling small programs (tracing, lowering to MLIR, XLA's
 backend compile). With the variable set, each test process records, per test, its wall time,
-its process CPU time (all its threads, not its subprocesses) and JAX's own durations of those
-three phases (`jax.monitoring` events), and the terminal summary adds a table by file, slowest
-first. A test whose wall time far exceeds its CPU time waits on a subprocess (whose CPU is not
-counted) or on I/O.
+its process CPU time (all its threads), the CPU time of the subprocesses it ran and waited for
+(`children`), and JAX's own durations of those three phases (`jax.monitoring` events); the
+terminal summary adds a table by file, slowest first. CPU time, unlike wall time, hardly
+depends on what else runs on the machine. A test whose wall time far exceeds its CPU and its
+children's waits on I/O.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import collections
 import json
 import os
 import pathlib
+import resource
 import shutil
 import tempfile
 import time
@@ -45,9 +47,10 @@ class CompileReport:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item):
-        before, wall, cpu = dict(self.seconds), time.perf_counter(), time.process_time()
+        before, wall, cpu, children = dict(self.seconds), time.perf_counter(), time.process_time(), _children()
         yield
         row = {"file": item.nodeid.split("::")[0], "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+        row["children"] = _children() - children
         for column, event in PHASES.items():
             row[column] = self.seconds[event] - before.get(event, 0.0)
         row["programs"] = self.seconds[PHASES["compile"] + "#"] - before.get(PHASES["compile"] + "#", 0)
@@ -66,7 +69,7 @@ class CompileReport:
                 totals["tests"] += 1
         if not by_file:
             return
-        columns = ("tests", "wall", "cpu", "programs", "compile", "lower", "trace")
+        columns = ("tests", "wall", "cpu", "children", "programs", "compile", "lower", "trace")
         write = terminalreporter.write_line
         terminalreporter.section("where the time goes (seconds summed over tests, by file)")
         write(f"{'file':48} " + " ".join(f"{c:>8}" for c in columns))
@@ -79,6 +82,11 @@ class CompileReport:
     def pytest_unconfigure(self, config):
         if self.temporary and "PYTEST_XDIST_WORKER" not in os.environ:  # the controller, last
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _cell(value: float) -> str:

@@ -169,16 +169,18 @@ def registry_entry(name: str, kind: str) -> None:
     # ZeRO-1 halves (the data axis has 2 devices) what each device holds of every state leaf a
     # dimension of whose plain shard the 2-way axis divides; a leaf with none (a scalar, an
     # odd-length vector) stays as it was, and so does a stack of the owner scheme (`OWNED`:
-    # each matrix's state whole on its owner). Measured on the devices, for leaves of every size.
+    # each matrix's state whole on its owner; `OWNED_ELEMENTWISE`: split over every device). Measured on the devices, for leaves of every size.
     rules = jax.tree_util.tree_leaves(
-        tx.state_specs(abstract.signature.params(), SPECS), is_leaf=lambda x: x is modopt.sharding.OWNED
+        tx.state_specs(abstract.signature.params(), SPECS),
+        is_leaf=lambda x: x is modopt.sharding.OWNED or x is modopt.sharding.OWNED_ELEMENTWISE,
     )
     for (path, leaf), plain_sharding, rule in zip(
         jax.tree_util.tree_flatten_with_path(optimizer.state)[0], jax.tree_util.tree_leaves(plain.state), rules
     ):
         held = max(shard.data.nbytes for shard in leaf.addressable_shards)
         unsplit = int(np.prod(plain_sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
-        halved = rule is not modopt.sharding.OWNED and any(d % 2 == 0 for d in plain_sharding.shard_shape(leaf.shape))
+        owned = rule is modopt.sharding.OWNED or rule is modopt.sharding.OWNED_ELEMENTWISE  # split over every device already
+        halved = not owned and any(d % 2 == 0 for d in plain_sharding.shard_shape(leaf.shape))
         assert held * (2 if halved else 1) == unsplit, (
             f"state{jax.tree_util.keystr(path)}: {held} bytes per device, {unsplit} without ZeRO"
         )

@@ -382,18 +382,20 @@ MESH = AbstractMesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisTy
 def test_state_specs():
     """Parameters of one kind stack their state; every stack (moments, statistics, bases) lies
     on its owners (`OWNED`: each parameter's state whole on one device, the stack split over
-    the mesh axes that divide its length, never split further by ZeRO-1); a matrix taller than
-    wide stacks as its transpose, with the wide ones of its shape; the count is replicated."""
+    the mesh axes that divide its length, never split further by ZeRO-1), except the Adam
+    moments of a stack that padding to the 8 devices would at least double (here all three:
+    2, 1 and 4 units), which are split over every device (`OWNED_ELEMENTWISE`); a matrix taller
+    than wide stacks as its transpose, with the wide ones of its shape; the count is replicated."""
     shapes = {"b": (8,), "c": (8,), "conv": (2, 4, 3, 3), "u": (8, 12), "v": (12, 8), "w": (8, 12), "x": (12, 8)}
     params = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()}
     specs = {"b": P("model"), "c": P(), "conv": P("data", "model"), "u": P(None, "model"), "v": P("model"),
              "w": P("data"), "x": P()}
     tx = modopt.scale_by_soap(max_precondition_dim=10, merge_dims=True)
     state_specs = tx.state_specs(params, specs)
-    owned = modopt.sharding.OWNED
+    owned, spread = modopt.sharding.OWNED, modopt.sharding.OWNED_ELEMENTWISE
     # Stacks in the order of their first parameter (JAX's sorted dict keys): the vectors b and
     # c (not rotated), conv (merged to (8, 9)), and u, v, w, x as (8, 12) (12 > 10: not rotated).
-    assert state_specs.mu == state_specs.nu == (owned, owned, owned)
+    assert state_specs.mu == state_specs.nu == (spread, spread, spread)
     assert state_specs.statistics == state_specs.eigenbases == ((None,), (owned, owned), (owned, None))
     assert state_specs.count == P()
     state = jax.eval_shape(tx.init, params)
@@ -407,10 +409,15 @@ def test_state_specs():
     assert [None if s is None else s.shape for s in per_parameter.statistics["conv"]] == [(8, 8), (9, 9)]
     optimizer = eqx.filter_eval_shape(modopt.Optimizer, modopt.soap(1e-3, max_precondition_dim=10, merge_dims=True), params)
     placed = modopt.sharding.shardings(optimizer, specs, mesh=MESH, zero_axis="data").state[0]
-    # Stacks of 2, 1 and 4 units on 8 devices: each device holds one unit of each, whole.
-    for field in ("mu", "nu", "statistics", "eigenbases"):
+    # Stacks of 2, 1 and 4 units on 8 devices: each device holds one unit of each statistic
+    # and basis, whole; the moments are stored unpadded, their largest unit dimension that 8
+    # divides (8 in each) split over the 8 devices.
+    for field in ("statistics", "eigenbases"):
         for x, y in zip(jax.tree.leaves(getattr(placed, field)), jax.tree.leaves(getattr(state, field))):
             assert x.shard_shape(y.shape) == (1, *y.shape[1:]), (field, y.shape, x.spec)
+    for field in ("mu", "nu"):
+        shards = [x.shard_shape(y.shape) for x, y in zip(getattr(placed, field), getattr(state, field))]
+        assert shards == [(2, 1), (1, 1, 9), (4, 1, 12)], (field, shards)
 
 
 def test_state_bytes_per_parameter():

@@ -44,6 +44,7 @@ from ._kron_numerics import (  # noqa: F401  (DAMPING, kron_probes: the probes' 
     precondition_padded,
     probe_offsets,
     split_offset,
+    threefry2x32,
     update_factors,
     balanced,
 )
@@ -590,8 +591,21 @@ scale_by_kron = ScaleByKron
 def step_draws(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """A step's random draws from the state's key: `(next_key, update_coin, balance_coin,
     probe_seed)`, the coins uniform in [0, 1) and the probes' seed two uint32 words (see
-    `kron_probes`); all from one split and four words of bits."""
-    next_key, key = jax.random.split(key)
-    words = jax.random.bits(key, (4,), jnp.uint32)
+    `kron_probes`); all from one split and four words of bits.
+
+    For a Threefry key these are the numbers of `jax.random.split` and `jax.random.bits`
+    (partitionable Threefry, JAX's default), computed by `threefry2x32`: straight-line code,
+    where JAX's own Threefry compiles to a loop on CPU (two loops and a dozen small kernels
+    more in the step); other keys go through `jax.random`."""
+    if str(jax.random.key_impl(key)) != "threefry2x32" or not jax.config.jax_threefry_partitionable:
+        next_key, key = jax.random.split(key)
+        words = jax.random.bits(key, (4,), jnp.uint32)
+    else:
+        # split: the counters 0 and 1 (high word 0); key i is the pair of words of counter i.
+        hi, lo = threefry2x32(jax.random.key_data(key), jnp.zeros(2, jnp.uint32), jax.lax.iota(jnp.uint32, 2))
+        next_key = jax.random.wrap_key_data(jnp.stack([hi[0], lo[0]]), impl="threefry2x32")
+        # bits: the counters 0 to 3 under the second key, each the exclusive or of its two words.
+        hi, lo = threefry2x32(jnp.stack([hi[1], lo[1]]), jnp.zeros(4, jnp.uint32), jax.lax.iota(jnp.uint32, 4))
+        words = hi ^ lo
     coins = jax.lax.bitcast_convert_type((words[:2] >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
     return next_key, coins[0], coins[1], words[2:]

@@ -20,6 +20,7 @@ import jax.scipy.linalg
 import numpy as np
 
 from .._numerics import overflow_scale
+from .._threefry import threefry2x32 as threefry2x32  # (the probes' generator; tested here)
 
 # The damping added to the probed gradient, `sqrt(float32 eps) * mean|g| * v`, as the reference.
 DAMPING = math.sqrt(float(np.finfo(np.float32).eps))
@@ -69,27 +70,6 @@ def entry_numbers(offset: Any, index: jax.Array) -> tuple[jax.Array, jax.Array]:
     offset = jnp.asarray(offset, jnp.uint32)
     low = index + offset[1]
     return offset[0] + (low < offset[1]).astype(jnp.uint32), low  # the carry into the high word
-
-
-# Threefry-2x32's rotations and key-schedule parity (Salmon et al., 2011, "Parallel random
-# numbers: as easy as 1, 2, 3"; the generator behind `jax.random`).
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-_PARITY = 0x1BD11BDA
-
-
-def threefry2x32(seed: jax.Array, hi: jax.Array, lo: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Threefry-2x32 with 20 rounds of the counters `(hi, lo)` (uint32 arrays) under the key
-    `seed` (two uint32 words): straight-line elementwise code, one fused kernel."""
-    k = (seed[0], seed[1], seed[0] ^ seed[1] ^ jnp.uint32(_PARITY))
-    x0, x1 = hi + k[0], lo + k[1]
-    for block in range(5):
-        for r in _ROTATIONS[block % 2]:
-            x0 = x0 + x1
-            x1 = (x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))
-            x1 = x0 ^ x1
-        x0 = x0 + k[(block + 1) % 3]
-        x1 = x1 + k[(block + 2) % 3] + jnp.uint32(block + 1)
-    return x0, x1
 
 
 def normal_at(seed: jax.Array, hi: jax.Array, lo: jax.Array) -> jax.Array:

@@ -411,6 +411,26 @@ def test_complex_parameters_are_refused_with_their_path():
         modopt.kron().init({"w": jnp.ones((2, 2), jnp.complex64)})
 
 
+def test_step_draws_are_jax_randoms_numbers():
+    """A step's draws are `jax.random.split` and `jax.random.bits` of the state's key, bit for
+    bit (computed by the straight-line Threefry for a Threefry key, jitted or not; through
+    `jax.random` for another generator), and the compiled draws hold no loop."""
+    for seed in (0, 3, 2**31 - 1):
+        key = jax.random.key(seed)
+        for _ in range(3):
+            next_key, sub = jax.random.split(key)
+            words = np.asarray(jax.random.bits(sub, (4,), jnp.uint32))
+            coins = (words[:2] >> 9 | 0x3F800000).view(np.float32) - 1.0
+            for ours in (step_draws(key), jax.jit(step_draws)(key)):
+                np.testing.assert_array_equal(jax.random.key_data(ours[0]), jax.random.key_data(next_key))
+                np.testing.assert_array_equal(np.asarray([ours[1], ours[2]]), coins)
+                np.testing.assert_array_equal(ours[3], words[2:])
+            key = next_key
+    assert "stablehlo.while" not in jax.jit(step_draws).lower(jax.random.key(0)).as_text()
+    other = jax.random.key(1, impl="rbg")
+    np.testing.assert_array_equal(jax.random.key_data(step_draws(other)[0]), jax.random.key_data(jax.random.split(other)[0]))
+
+
 def test_threefry_matches_jax():
     """The probes' generator is Threefry-2x32 (20 rounds): jax's own primitive as the oracle."""
     from jax.extend.random import threefry2x32_p
@@ -421,6 +441,10 @@ def test_threefry_matches_jax():
     theirs = threefry2x32_p.bind(jnp.broadcast_to(seed[0], hi.shape), jnp.broadcast_to(seed[1], hi.shape), hi, lo)
     for a, b in zip(ours, theirs):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # On NumPy arrays (a constant computed when a program is traced), the same words.
+    for a, b in zip(threefry2x32(np.asarray(seed), np.asarray(hi), np.asarray(lo)), theirs):
+        assert isinstance(a, np.ndarray)
+        np.testing.assert_array_equal(a, np.asarray(b))
 
 
 def test_probes_are_standard_normal_and_numbered_by_entry():

@@ -457,26 +457,6 @@ def test_blocks_of_one_size_share_one_root_program_whatever_their_root():
         np.testing.assert_allclose(together[k], alone[k], rtol=1e-4, atol=1e-4 * float(jnp.abs(alone[k]).max()))
 
 
-def test_inverse_root_start_vector_is_a_constant():
-    """The power iteration's start vector is `jax.random.uniform` of `PRNGKey(0)` in [-1, 1),
-    bit for bit, computed when the root is traced: a compiled root holds its three loops (power
-    iteration, retries, Newton) and no Threefry loop; the root is the damped matrix's (NumPy)."""
-    from modopt.linalg._matrix_root import _start_vector
-
-    for n in (1, 2, 7, 64, 129, 1000):
-        expected = jax.random.uniform(jax.random.PRNGKey(0), (n,), jnp.float32, minval=-1.0, maxval=1.0)
-        np.testing.assert_array_equal(_start_vector(n, np.dtype(np.float32)).view(np.uint32), np.asarray(expected).view(np.uint32))
-    assert _start_vector(4, np.dtype(np.float64)) is None  # other dtypes draw it in the program
-    q, _ = np.linalg.qr(np.random.default_rng(4).normal(size=(6, 6)))
-    m = jnp.asarray((q * np.array([1.0, 0.5, 0.2, 1e-2, 1e-3, 0])) @ q.T, jnp.float32)
-    root = jax.jit(lambda a, k: matrix_inverse_pth_root(a, 4, padding_start=k, max_retries=5))
-    assert root.lower(m, 6).as_text().count("stablehlo.while") == 3
-    _, largest = modopt.power_iteration(m)  # its own default start vector
-    ours, _ = root(m, 6)
-    w, v = np.linalg.eigh(np.asarray(m, np.float64) + 1e-6 * float(largest) * np.eye(6))  # damped as the root
-    np.testing.assert_allclose(ours, (v * w**-0.25) @ v.T, rtol=2e-3, atol=2e-3 * float(np.abs(ours).max()))
-
-
 @pytest.mark.filterwarnings("ignore:Explicitly requested dtype float64")
 def test_shampoo_statistics_have_the_reference_shapes(reference):
     """Dimensions smaller than the block keep their own size: a (10, 64) weight and a (10,)

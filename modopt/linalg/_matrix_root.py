@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._fields import is_concrete
-from .._threefry import threefry2x32
 from ._checks import number, square_matrix
 from ._power_iteration import power_iteration
 
@@ -39,24 +38,6 @@ def _traced_power(base: jax.Array, p: jax.Array, precision: Any) -> jax.Array:
 
     identity = jnp.eye(base.shape[0], dtype=base.dtype)
     return jax.lax.while_loop(lambda carry: carry[2] > 0, body, (identity, base, p))[0]
-
-
-@functools.lru_cache(maxsize=None)
-def _start_vector(n: int, dtype: np.dtype) -> np.ndarray | None:
-    """`power_iteration`'s default start vector of `n` float32 entries (`jax.random.uniform` in
-    [-1, 1) of `PRNGKey(0)`, partitionable Threefry: the same bits) as a NumPy constant, or
-    `None` for other dtypes and generators. Drawn inside the compiled root, it would be a
-    Threefry loop and a few kernels more in every program that takes a root."""
-    if (
-        np.dtype(dtype) != np.float32
-        or jax.config.jax_default_prng_impl != "threefry2x32"
-        or not jax.config.jax_threefry_partitionable
-    ):
-        return None
-    hi, lo = threefry2x32(np.zeros(2, np.uint32), np.zeros(n, np.uint32), np.arange(n, dtype=np.uint32))
-    # The top 23 bits as a float in [1, 2), less 1, scaled to [-1, 1) (as `jax.random.uniform`).
-    unit = (((hi ^ lo) >> np.uint32(9)) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1.0)
-    return np.maximum(np.float32(-1.0), unit * np.float32(2.0) + np.float32(-1.0))
 
 
 def _frobenius(a: jax.Array) -> jax.Array:
@@ -256,11 +237,10 @@ def _inverse_pth_root(
         largest = jnp.ones([], dtype)
     elif n == 1:
         largest = a[0, 0]
-    else:  # power_iteration's own start vector (a constant), without its padding entries
-        v0 = _start_vector(n, np.dtype(dtype))
-        if v0 is None:
-            v0 = jax.random.uniform(jax.random.PRNGKey(0), (n,), dtype, minval=-1.0, maxval=1.0)
-        v0 = v0 if padding_start is None else v0 * valid
+    elif padding_start is None:
+        _, largest = power_iteration(a, num_iters=100, error_tolerance=1e-6, precision=precision)
+    else:  # power_iteration's own start vector, without its padding entries
+        v0 = jax.random.uniform(jax.random.PRNGKey(0), (n,), dtype, minval=-1.0, maxval=1.0) * valid
         _, largest = power_iteration(a, num_iters=100, error_tolerance=1e-6, precision=precision, v0=v0)
     ridge = ridge_epsilon * jnp.maximum(largest, 1e-16) if relative_epsilon else ridge_epsilon * largest
 

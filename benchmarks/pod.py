@@ -118,11 +118,13 @@ def is_shape(x) -> bool:
     return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
 
 
-def make_params(shapes: dict, key: jax.Array) -> dict:
+def make_params(shapes: dict, seed: int) -> dict:
+    """Host (NumPy) float32 arrays: norms' scales 1, matrices normal / sqrt(fan_in). Made with
+    NumPy, as JAX would compile a program per shape to make them op by op."""
     leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=is_shape)
-    keys = jax.random.split(key, len(leaves))
+    rng = np.random.default_rng(seed)
     return treedef.unflatten(
-        [jnp.ones(s) if len(s) == 1 else jax.random.normal(k, s) / math.sqrt(s[0]) for k, s in zip(keys, leaves)]
+        [np.ones(s, np.float32) if len(s) == 1 else (rng.standard_normal(s) / math.sqrt(s[0])).astype(np.float32) for s in leaves]
     )
 
 
@@ -243,20 +245,21 @@ def _relative_difference(ours, reference) -> float:
 def _one_device(name: str, layers: int, width: int, vocab: int) -> tuple:
     """The optimizer step on one device (the same for every layout): the optimizer, its compiled
     step and that step's FLOPs."""
-    host_params = make_params(model_shapes(layers, width, vocab), jax.random.key(0))
+    host_params = make_params(model_shapes(layers, width, vocab), 0)
     single = modopt.Optimizer(OPTIMIZERS[name][0](), host_params, group_small_leaves=False)  # the sharded state's layout
     compiled = jax.jit(optimizer_step).lower(host_params, single, host_params).compile()
     return single, compiled, modopt.sharding.compiled_cost(compiled).flops
 
 
 def _put(tree, shardings):
-    """A copy of `tree` on `shardings` that a donating step may consume: `device_put` reuses the
-    buffer for a replicated leaf's first device even with `may_alias=False`."""
-    return jax.device_put(jax.tree_util.tree_map(jnp.copy, tree), shardings)
+    """Host arrays put on `shardings` in new buffers, which a donating step may consume (from
+    device arrays, `device_put` reuses a replicated leaf's buffer even with `may_alias=False`)."""
+    assert all(isinstance(x, np.ndarray) for x in jax.tree_util.tree_leaves(tree)), "host arrays only"
+    return jax.device_put(tree, shardings)
 
 
 def _check_gradients(shapes: dict, steps: int) -> list:
-    return [make_params(shapes, jax.random.key(100 + i)) for i in range(steps)]
+    return [make_params(shapes, 100 + i) for i in range(steps)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -265,7 +268,7 @@ def _one_device_steps(name: str, layers: int, width: int, vocab: int, steps: int
     for every layout)."""
     single, compiled, _ = _one_device(name, layers, width, vocab)
     shapes = model_shapes(layers, width, vocab)
-    one = (make_params(shapes, jax.random.key(0)), single)
+    one = (make_params(shapes, 0), single)
     for g in _check_gradients(shapes, steps):
         one = compiled(*one, g)
     return one[0], one[1].state
@@ -281,14 +284,14 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
     shapes = model_shapes(size["layers"], size["width"], size["vocab"])
     specs = spec_fn(shapes)
     shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
-    host_params = make_params(shapes, jax.random.key(0))
+    host_params = make_params(shapes, 0)
     param_bytes = sum(x.size * 4 for x in jax.tree_util.tree_leaves(host_params))
     unit = param_bytes / DEVICES
 
     single_flops = _one_device(name, size["layers"], size["width"], size["vocab"])[2]
 
     params = _put(host_params, shardings)
-    grads = jax.device_put(jax.tree_util.tree_map(lambda x: 0.01 * x, host_params), shardings)
+    grads = jax.device_put(jax.tree_util.tree_map(lambda x: np.float32(0.01) * x, host_params), shardings)
     optimizer = modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis)
     placed = modopt.sharding.shardings(optimizer, shardings, zero_axis=zero_axis)
     step = jax.jit(optimizer_step, donate_argnums=(0, 1), out_shardings=(shardings, placed))

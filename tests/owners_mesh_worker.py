@@ -39,7 +39,7 @@ def on_its_own(name: str) -> float:
     mesh, spec_fn, _, _ = pod.layouts()["tp+zero1"]
     shapes = pod.model_shapes(size["layers"], size["width"], size["vocab"])
     shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec_fn(shapes), is_leaf=lambda x: isinstance(x, PartitionSpec))
-    host = pod.make_params(shapes, jax.random.key(0))
+    host = pod.make_params(shapes, 0)
     tx = pod.OPTIMIZERS[name][0]()
 
     def step(params, state, grads):

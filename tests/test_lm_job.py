@@ -31,9 +31,27 @@ ARGS = ["--size", "micro", "--steps", str(STEPS), "--eval-every", str(EVERY), "-
 TIMEOUT = 300
 
 
+# The job's processes share a persistent compilation cache: the interrupted, resumed and
+# refused runs compile the one-device run's programs again otherwise.
+CACHE = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    CACHE["dir"] = str(tmp_path_factory.mktemp("jax_cache"))
+    yield
+    CACHE.clear()
+
+
 def start(directory, *extra, hook="", wait=True):
     command = [sys.executable, "-m", "modopt.examples.lm", *ARGS, "--checkpoint-dir", str(directory), *extra]
     env = {**os.environ, _interrupts.TEST_HOOK: hook, "JAX_PLATFORMS": "cpu"}
+    if "dir" in CACHE:
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=CACHE["dir"],
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
     if not wait:
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)

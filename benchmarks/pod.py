@@ -119,12 +119,12 @@ def is_shape(x) -> bool:
 
 
 def make_params(shapes: dict, seed: int) -> dict:
-    """Host (NumPy) float32 arrays: norms' scales 1, matrices normal / sqrt(fan_in). Made with
-    NumPy, as JAX would compile a program per shape to make them op by op."""
+    """Host (NumPy) float32 arrays: norms' scales 1, matrices normal / sqrt(fan_in), drawn from
+    `jax.random.key(seed)`."""
     leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=is_shape)
-    rng = np.random.default_rng(seed)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
     return treedef.unflatten(
-        [np.ones(s, np.float32) if len(s) == 1 else (rng.standard_normal(s) / math.sqrt(s[0])).astype(np.float32) for s in leaves]
+        [np.ones(s, np.float32) if len(s) == 1 else np.asarray(jax.random.normal(k, s) / math.sqrt(s[0])) for k, s in zip(keys, leaves)]
     )
 
 

@@ -35,7 +35,7 @@ def on_its_own(name: str) -> float:
 
     import modopt
 
-    size = pod.SIZES["smoke"]
+    size = dict(pod.SIZES["smoke"], layers=1)  # one block: the same kinds of units, in short stacks
     mesh, spec_fn, _, _ = pod.layouts()["tp+zero1"]
     shapes = pod.model_shapes(size["layers"], size["width"], size["vocab"])
     shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec_fn(shapes), is_leaf=lambda x: isinstance(x, PartitionSpec))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import equinox as eqx
@@ -175,7 +176,7 @@ class Optimizer(Module):
         # A jitted copy, not `device_put`: that refuses a typed PRNG key (Kron's `key`) on a mesh
         # that spans processes.
         arrays, rest = eqx.partition(self.tx, eqx.is_array)
-        self.tx = eqx.combine(jax.jit(lambda a: a, out_shardings=replicated)(arrays), rest)
+        self.tx = eqx.combine(_copy_to(replicated)(arrays), rest)
         self.count = jax.device_put(jnp.zeros([], jnp.int32), replicated)
         self.compensation = None
         if compensation is not None:  # created directly on its shardings, as the state
@@ -352,6 +353,12 @@ class Optimizer(Module):
         for f in dataclasses.fields(self):
             object.__setattr__(new, f.name, changes.get(f.name, getattr(self, f.name)))
         return new
+
+
+@functools.lru_cache(maxsize=32)
+def _copy_to(sharding: Any) -> Any:
+    """A jitted copy onto `sharding`, one per sharding (compiled once per set of arrays)."""
+    return jax.jit(lambda arrays: arrays, out_shardings=sharding)
 
 
 def _zeros(abstract: Any) -> Any:

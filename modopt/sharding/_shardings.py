@@ -56,7 +56,7 @@ class Layout:
     def init(self, tx: Any, params: Any) -> Any:
         """`tx.init(params)` created directly on this layout: never whole on one device (the
         owner scheme's stacks padded to `lengths` with zero units)."""
-        return jax.jit(functools.partial(_init, lengths=self.lengths), out_shardings=self.state)(tx, params)
+        return _init_on(self, self.lengths)(tx, params)
 
     def impose(self, params: Any, state: Any) -> tuple[Any, Any]:
         """`params` and `state` constrained to this layout (inside a jitted step), the state
@@ -153,6 +153,14 @@ def shardings(optimizer: Any, model_shardings: Any, *, mesh: Any = None, zero_ax
         count=replicated,
         compensation=layout.compensation(optimizer.compensation),
     )
+
+
+@functools.lru_cache(maxsize=32)
+def _init_on(layout: Layout, lengths: tuple[int | None, ...] | None) -> Any:
+    """The jitted init onto `layout`, its stacks padded to `lengths` (which layouts' equality
+    leaves out), one per layout: an optimizer built again on the same layout (a restart, a
+    rebuilt configuration) does not compile its init again."""
+    return jax.jit(functools.partial(_init, lengths=lengths), out_shardings=layout.state)
 
 
 def _init(tx: Any, params: Any, lengths: tuple[int | None, ...] | None = None) -> Any:

@@ -390,6 +390,9 @@ class ScaleByKron(AbstractTransform):
         count = safe_increment(state.count)
         probability = value_at(self.preconditioner_update_probability, state.count)
         key, update_coin, balance_coin, seed = step_draws(state.key)
+        # Its two words as scalars: indexing a captured array inside the owners' `shard_map`
+        # fails when the step runs eagerly on a mesh (its sharding is not the manual one).
+        seed = (seed[0], seed[1])
         do_update = update_coin < probability
         balance = balance_coin < self.balance_prob
 
@@ -467,14 +470,14 @@ class ScaleByKron(AbstractTransform):
         new_state = ScaleByKronState(count=count, momentum=momentum, Qs=tuple(Qs), key=key)
         return treedef.unflatten(new_updates), new_state
 
-    def _fit(self, fitted: jax.Array, offset: jax.Array, turned: jax.Array, q: tuple, *, balance: jax.Array, seed: jax.Array) -> tuple:
+    def _fit(self, fitted: jax.Array, offset: jax.Array, turned: jax.Array, q: tuple, *, balance: jax.Array, seed: tuple) -> tuple:
         """One parameter's factors after an update from its probe: the normal numbers of its
         entries (`kron_probes`), the first numbered `offset`, its unit the transpose of its
         layout where `turned`."""
         probe = normal_at(seed, *entry_numbers(offset, entry_index(fitted.shape, turned=turned))).astype(fitted.dtype)
         return update_factors(balanced(q, balance), damped(fitted, probe), probe, self.precond_lr, jnp.finfo(fitted.dtype).tiny)
 
-    def _fit_padded(self, kinds: list, fitted: list, extras: list, factors: list, balance: jax.Array, seed: jax.Array) -> list:
+    def _fit_padded(self, kinds: list, fitted: list, extras: list, factors: list, balance: jax.Array, seed: tuple) -> list:
         """The factors of small parameters' pieces (each `(count, *kind shape)`) after an update,
         fitted together, padded (`fit_padded`)."""
         padded = _Padded(kinds, [len(x) for x in fitted])

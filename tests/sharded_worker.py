@@ -125,8 +125,10 @@ def registry_explicit(*names: str) -> None:
         registry_entry(name, "explicit")
 
 
-# Stepped eagerly on Explicit axes too: the owner scheme's `shard_map` (Kron's captured draws).
-STEPPED_EAGERLY = {"kron", "muon"}
+# Stepped eagerly on Explicit axes too (its last step, with ZeRO-1): the owner scheme's
+# `shard_map` with Kron's draws, captured from outside it. Op by op on 8 devices this costs
+# about 15 s, so one entry only.
+STEPPED_EAGERLY = {"kron"}
 
 
 def registry_entry(name: str, kind: str) -> None:
@@ -164,7 +166,7 @@ def registry_entry(name: str, kind: str) -> None:
         assert_placed(optimizer, opt_shardings, "new optimizer")
         step = jax.jit(stepper(entry), out_shardings=(param_shardings, opt_shardings), donate_argnums=(0, 1))
         for i in range(STEPS):
-            if i == STEPS - 1 and kind == "explicit" and name in STEPPED_EAGERLY:
+            if i == STEPS - 1 and kind == "explicit" and name in STEPPED_EAGERLY and opt_shardings is zero:
                 # The step run eagerly (op by op, not under jit) under `jax.set_mesh`: the jitted step's numbers.
                 grads = jax.device_put(make_grads(i), param_shardings)
                 with jax.set_mesh(mesh):

@@ -212,9 +212,11 @@ class ScaleByKron(AbstractTransform):
     are reproducible and a checkpoint resumes bit for bit. The factors' update is under
     `lax.cond`: under `jit` a skipped update costs nothing.
 
-    Parameters whose layout has at most two axes, none longer than 128, are fitted and
-    preconditioned together in one program, zero-padded to the largest of them (their factors
-    as dense matrices, their triangular solves row by row in a loop); the others are stacked
+    Parameters whose layout has at most two axes, none longer than 192, are fitted and
+    preconditioned together, zero-padded to the largest of them (their factors as dense
+    matrices, their triangular solves row by row in a loop), in one program for the matrices
+    and one for the vectors (a vector padded to a matrix's rows would pay for two dense
+    factors where it has one diagonal one); the others are stacked
     by layout and run one program per layout. This keeps the compiled step small (compile time
     grows with the number of programs) and, on CPU, keeps the small solves away from LAPACK,
     whose threaded solves stalled for milliseconds each on a loaded machine.
@@ -423,6 +425,9 @@ class ScaleByKron(AbstractTransform):
             # Small parameters together, padded; the others by kind (stacked where several
             # pieces are of one kind: one program per kind, not per parameter).
             small = [i for i, kind in enumerate(kinds) if _padded(kind)]
+            # Vectors and matrices padded apart: a vector padded to a matrix's rows would pay
+            # for two dense factors where it has one diagonal one.
+            padded_groups = [g for g in ([i for i in small if len(kinds[i][0]) == 1], [i for i in small if len(kinds[i][0]) == 2]) if g]
             by_kind: dict[Any, list[int]] = {}
             for i, kind in enumerate(kinds):
                 if i not in small:
@@ -437,12 +442,12 @@ class ScaleByKron(AbstractTransform):
                     fitted_q = per_unit(self._fit, len(m), fitted, offsets, turns, q, balance=balance, seed=seed)
                     for i, part in zip(members, _split(fitted_q, [len(pieces[i][0]) for i in members])):
                         new[i] = part
-                if small:
-                    group = [pieces[i] for i in small]
+                for members in padded_groups:
+                    group = [pieces[i] for i in members]
                     fitted = [p[0] if self.momentum_into_precond_update else p[1] for p in group]
-                    fitted_q = self._fit_padded([kinds[i] for i in small], fitted, [p[-1] for p in group],
-                                                [factors[i] for i in small], balance, seed)  # fmt: skip
-                    for i, part in zip(small, fitted_q):
+                    fitted_q = self._fit_padded([kinds[i] for i in members], fitted, [p[-1] for p in group],
+                                                [factors[i] for i in members], balance, seed)  # fmt: skip
+                    for i, part in zip(members, fitted_q):
                         new[i] = part
                 return new
 
@@ -453,9 +458,9 @@ class ScaleByKron(AbstractTransform):
                 done = per_unit(_preconditioned, len(m), m, _joined([factors[i] for i in members]))
                 for i, part in zip(members, _split(done, [len(pieces[i][0]) for i in members])):
                     out[i] = (part,)
-            if small:
-                done = _precondition_padded([kinds[i] for i in small], [pieces[i][0] for i in small], [factors[i] for i in small])
-                for i, part in zip(small, done):
+            for members in padded_groups:
+                done = _precondition_padded([kinds[i] for i in members], [pieces[i][0] for i in members], [factors[i] for i in members])
+                for i, part in zip(members, done):
                     out[i] = (part,)
             return out, factors
 

@@ -467,8 +467,10 @@ def test_probes_are_standard_normal_and_numbered_by_entry():
 
 
 def test_small_parameters_share_one_program():
-    """Six small parameters of five layouts lower to the loops and products of one: the padded
-    step's two triangular-solve loops and its matrix products, once (one per layout before)."""
+    """Six small parameters of five layouts lower to the loops and products of two: the padded
+    step's two triangular-solve loops and its matrix products, once for the matrices and once
+    for the vectors (which are padded apart), whatever the number of layouts (one per layout
+    before)."""
 
     def counts(shapes):
         params = {f"p{i}": jnp.zeros(shape) for i, shape in enumerate(shapes)}
@@ -476,8 +478,8 @@ def test_small_parameters_share_one_program():
         text = jax.jit(tx.update).lower(params, tx.init(params), params).as_text()
         return text.count("stablehlo.while"), text.count("stablehlo.dot_general")
 
-    one = counts([(6, 4)])
-    assert counts([(6, 4), (5,), (3, 7), (7, 3), (2, 2), ()]) == one
+    one, vector = counts([(6, 4)]), counts([(5,)])
+    assert counts([(6, 4), (5,), (3, 7), (7, 3), (2, 2), (4,), ()]) == tuple(a + b for a, b in zip(one, vector))
     # The two solves' loops (a parameter above the padding's limit has none: LAPACK's solves).
     assert one[0] == counts([(200, 3)])[0] + 2
 

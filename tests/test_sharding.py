@@ -349,3 +349,31 @@ def test_donating_the_optimizer_leaves_the_transform_usable():
     step = eqx.filter_jit(lambda p, o: o.step(p, p), donate="all")
     step({"w": jnp.ones(3)}, optimizer)
     assert math.isclose(float(tx.learning_rate), 1e-3, rel_tol=1e-6)
+
+
+def test_an_optimizer_built_again_on_the_same_layout_compiles_nothing():
+    """`Optimizer(shardings=...)` creates its state with a jitted init on the layout: built again
+    with the same configuration and shardings (a restart, a rebuilt configuration), it reuses
+    that program and the copy of its hyperparameters; on other shardings it compiles anew."""
+    from jax._src import monitoring
+
+    mesh = jax.make_mesh((1,), ("model",), axis_types=(AxisType.Auto,))
+    params = {"w": jnp.ones((4, 6)), "b": jnp.ones(6)}
+    compiled = []
+    listener = lambda event, duration, **_: compiled.append(event) if event == "/jax/core/compile/backend_compile_duration" else None  # noqa: E731
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        def build(specs):
+            compiled.clear()
+            optimizer = modopt.Optimizer(modopt.adamw(1e-3, weight_decay=0.1), params, shardings=specs, mesh=mesh)
+            jax.block_until_ready(optimizer)
+            return len(compiled)
+
+        first = build({"w": P(None, "model"), "b": P("model")})
+        again = build({"w": P(None, "model"), "b": P("model")})
+        other = build({"w": P("model", None), "b": P()})
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+    assert first >= 2, first  # the init and the copy of the hyperparameters, at least
+    assert again == 0, again
+    assert other >= 1, other

@@ -424,7 +424,9 @@ def run_per_unit(
     input arrays `(units, *unit_shape)` (one per array of `LeafUnits.arrays`), and its state (a
     pytree of arrays with the leading unit axis, or `None`). It returns the list of output
     tuples (each `(units, *unit_shape)`) and the list of new states. It is called once, so the
-    transform can put conditionals (refresh steps) around all of its work.
+    transform can put conditionals (refresh steps) around all of its work. On a mesh it runs
+    inside `jax.shard_map`: values it closes over (a step's flags, a seed) must be scalars, since
+    indexing a captured array there fails when the step runs eagerly (outside `jit`).
 
     - On a mesh of several devices, a piece is a whole stack of `stacks`, split over the
       devices: every unit's work runs on its owner, the inputs and outputs move there and

@@ -392,9 +392,6 @@ class ScaleByKron(AbstractTransform):
         count = safe_increment(state.count)
         probability = value_at(self.preconditioner_update_probability, state.count)
         key, update_coin, balance_coin, seed = step_draws(state.key)
-        # Its two words as scalars: indexing a captured array inside the owners' `shard_map`
-        # fails when the step runs eagerly on a mesh (its sharding is not the manual one).
-        seed = (seed[0], seed[1])
         do_update = update_coin < probability
         balance = balance_coin < self.balance_prob
 
@@ -427,7 +424,7 @@ class ScaleByKron(AbstractTransform):
             small = [i for i, kind in enumerate(kinds) if _padded(kind)]
             # Vectors and matrices padded apart: a vector padded to a matrix's rows would pay
             # for two dense factors where it has one diagonal one.
-            padded_groups = [g for g in ([i for i in small if len(kinds[i][0]) == 1], [i for i in small if len(kinds[i][0]) == 2]) if g]
+            padded_groups = [g for g in ([i for i in small if len(kinds[i][0]) == rank] for rank in (1, 2)) if g]
             by_kind: dict[Any, list[int]] = {}
             for i, kind in enumerate(kinds):
                 if i not in small:
@@ -596,10 +593,11 @@ def _preconditioned(m_hat: jax.Array, q: tuple) -> jax.Array:
 scale_by_kron = ScaleByKron
 
 
-def step_draws(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def step_draws(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, tuple[jax.Array, jax.Array]]:
     """A step's random draws from the state's key: `(next_key, update_coin, balance_coin,
-    probe_seed)`, the coins uniform in [0, 1) and the probes' seed two uint32 words (see
-    `kron_probes`); all from one split and four words of bits.
+    probe_seed)`, the coins uniform in [0, 1) and the probes' seed a pair of uint32 scalars
+    (see `kron_probes`; scalars, since the owners' work closes over it: see `run_per_unit`);
+    all from one split and four words of bits.
 
     For a Threefry key these are the numbers of `jax.random.split` and `jax.random.bits`
     (partitionable Threefry, JAX's default), computed by `threefry2x32`: straight-line code,
@@ -616,4 +614,4 @@ def step_draws(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Arr
         hi, lo = threefry2x32(jnp.stack([hi[1], lo[1]]), jnp.zeros(4, jnp.uint32), jax.lax.iota(jnp.uint32, 4))
         words = hi ^ lo
     coins = jax.lax.bitcast_convert_type((words[:2] >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
-    return next_key, coins[0], coins[1], words[2:]
+    return next_key, coins[0], coins[1], (words[2], words[3])

@@ -48,8 +48,10 @@ class CompileReport:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item):
         before, wall, cpu, children = dict(self.seconds), time.perf_counter(), time.process_time(), _children()
+        start = time.time()
         yield
-        row = {"file": item.nodeid.split("::")[0], "wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+        row = {"test": item.nodeid, "start": start, "end": time.time()}
+        row.update(wall=time.perf_counter() - wall, cpu=time.process_time() - cpu)
         row["children"] = _children() - children
         for column, event in PHASES.items():
             row[column] = self.seconds[event] - before.get(event, 0.0)
@@ -62,9 +64,12 @@ class CompileReport:
 
     def pytest_terminal_summary(self, terminalreporter):
         by_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        ends = {}  # per process, when its last test ended
         for path in self.directory.glob("*.json"):
             for row in json.loads(path.read_text()):
-                totals = by_file[row.pop("file")]
+                ends[path.stem] = max(ends.get(path.stem, 0.0), row.pop("end"))
+                del row["start"]
+                totals = by_file[row.pop("test").split("::")[0]]
                 totals.update(row)
                 totals["tests"] += 1
         if not by_file:
@@ -78,6 +83,8 @@ class CompileReport:
             everything.update(totals)
             write(f"{file:48} " + " ".join(_cell(totals[c]) for c in columns))
         write(f"{'all':48} " + " ".join(_cell(everything[c]) for c in columns))
+        # A process that ran out of tests while another still ran one: cores left idle at the end.
+        write("idle at the end: " + ", ".join(f"{w} {max(ends.values()) - end:.0f} s" for w, end in sorted(ends.items())))
 
     def pytest_unconfigure(self, config):
         if self.temporary and "PYTEST_XDIST_WORKER" not in os.environ:  # the controller, last

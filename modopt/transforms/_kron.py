@@ -38,10 +38,12 @@ from ._kron_numerics import (  # noqa: F401  (DAMPING, kron_probes: the probes' 
     entry_index,
     entry_numbers,
     fit_padded,
+    fit_padded_vector,
     kron_probes,
     normal_at,
     precondition,
     precondition_padded,
+    precondition_padded_vector,
     probe_offsets,
     split_offset,
     threefry2x32,
@@ -422,8 +424,8 @@ class ScaleByKron(AbstractTransform):
             # Small parameters together, padded; the others by kind (stacked where several
             # pieces are of one kind: one program per kind, not per parameter).
             small = [i for i, kind in enumerate(kinds) if _padded(kind)]
-            # Vectors and matrices padded apart: a vector padded to a matrix's rows would pay
-            # for two dense factors where it has one diagonal one.
+            # Vectors and matrices padded apart: a vector's one diagonal factor is fitted entry
+            # by entry, where padded to a matrix's rows it would pay for two dense ones.
             padded_groups = [g for g in ([i for i in small if len(kinds[i][0]) == rank] for rank in (1, 2)) if g]
             by_kind: dict[Any, list[int]] = {}
             for i, kind in enumerate(kinds):
@@ -442,8 +444,9 @@ class ScaleByKron(AbstractTransform):
                 for members in padded_groups:
                     group = [pieces[i] for i in members]
                     fitted = [p[0] if self.momentum_into_precond_update else p[1] for p in group]
-                    fitted_q = self._fit_padded([kinds[i] for i in members], fitted, [p[-1] for p in group],
-                                                [factors[i] for i in members], balance, seed)  # fmt: skip
+                    fit_group = self._fit_padded_vectors if len(kinds[members[0]][0]) == 1 else self._fit_padded
+                    fitted_q = fit_group([kinds[i] for i in members], fitted, [p[-1] for p in group],
+                                         [factors[i] for i in members], balance, seed)  # fmt: skip
                     for i, part in zip(members, fitted_q):
                         new[i] = part
                 return new
@@ -456,7 +459,8 @@ class ScaleByKron(AbstractTransform):
                 for i, part in zip(members, _split(done, [len(pieces[i][0]) for i in members])):
                     out[i] = (part,)
             for members in padded_groups:
-                done = _precondition_padded([kinds[i] for i in members], [pieces[i][0] for i in members], [factors[i] for i in members])
+                precondition_group = _precondition_padded_vectors if len(kinds[members[0]][0]) == 1 else _precondition_padded
+                done = precondition_group([kinds[i] for i in members], [pieces[i][0] for i in members], [factors[i] for i in members])
                 for i, part in zip(members, done):
                     out[i] = (part,)
             return out, factors
@@ -494,11 +498,30 @@ class ScaleByKron(AbstractTransform):
 
         probes = jax.vmap(probe)(offsets, turns, rows, cols)
         q1, q2 = padded.factors(factors)
-        sizes = (padded.rows.astype(np.int32), padded.cols.astype(np.int32), padded.counts.astype(np.float32))
-        flags = [jnp.asarray(f) for f in (*sizes, *padded.diagonal, padded.fixed)]
-        fit = functools.partial(fit_padded, balance=balance, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny)
-        new = jax.vmap(lambda *a: fit(*a))(x, probes, q1, q2, *flags)
+        sizes = [jnp.asarray(f) for f in (padded.rows.astype(np.int32), padded.cols.astype(np.int32), padded.counts.astype(np.float32))]
+        # Whether each factor is diagonal: a Python bool where the whole group agrees (static).
+        static = {f"diagonal{i + 1}": bool(d[0]) for i, d in enumerate(padded.diagonal) if (d == d[0]).all()}
+        per_unit = {f"diagonal{i + 1}": jnp.asarray(d) for i, d in enumerate(padded.diagonal) if f"diagonal{i + 1}" not in static}
+        fit = functools.partial(fit_padded, balance=balance, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny, **static)
+        new = jax.vmap(fit)(x, probes, q1, q2, *sizes, **per_unit)
         return padded.unpadded_factors(*new)
+
+    def _fit_padded_vectors(self, kinds: list, fitted: list, extras: list, factors: list, balance: jax.Array, seed: tuple) -> list:
+        """The diagonal factors of small vectors' pieces (each `(count, length)`) after an update,
+        fitted together entry by entry, padded (`fit_padded_vector`; one factor: nothing to balance)."""
+        del balance
+        padded = _PaddedVectors(kinds, [len(x) for x in fitted])
+        offsets = jnp.concatenate([e[0] for e in extras])
+        index = jax.lax.iota(jnp.uint32, padded.length)
+
+        def probe(offset, length):
+            return jnp.where(index < length, normal_at(seed, *entry_numbers(offset, index)), 0)
+
+        x = padded.stack(fitted)
+        probes = jax.vmap(probe)(offsets, jnp.asarray(padded.lengths)).astype(x.dtype)
+        fit = functools.partial(fit_padded_vector, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny)
+        new = jax.vmap(fit)(x, probes, padded.stack([q[0] for q in factors], fill=1), jnp.asarray(padded.lengths, jnp.float32))
+        return [(q,) for q in padded.unpadded(new)]
 
 
 def _padded(kind: Any) -> bool:
@@ -508,43 +531,32 @@ def _padded(kind: Any) -> bool:
 
 
 class _Padded:
-    """Pieces of small parameters (matrices and vectors, by their kinds) zero-padded to one
-    shape `(rows, cols)`, a vector as a row; and their factors as dense `(rows, rows)` and
-    `(cols, cols)` matrices (a vector's first factor a fixed 1)."""
+    """Pieces of small matrices (by their kinds) zero-padded to one shape `(rows, cols)`, and
+    their factors as dense `(rows, rows)` and `(cols, cols)` matrices."""
 
     def __init__(self, kinds: list, counts: list[int]):
         self.kinds, self.counts_per_piece = kinds, counts
-        self.matrix_shapes = [shape if len(shape) == 2 else (1, shape[0]) for shape, _ in kinds]
-        self.shape = tuple(max(s[axis] for s in self.matrix_shapes) for axis in (0, 1))
+        self.shape = tuple(max(shape[axis] for shape, _ in kinds) for axis in (0, 1))
         per_unit = lambda values: np.concatenate([np.full(c, v) for c, v in zip(counts, values)])  # noqa: E731
-        self.rows = per_unit([s[0] for s in self.matrix_shapes]).astype(np.uint32)
-        self.cols = per_unit([s[1] for s in self.matrix_shapes]).astype(np.uint32)
-        self.counts = per_unit([math.prod(s) for s in self.matrix_shapes])
-        self.fixed = per_unit([len(shape) == 1 for shape, _ in kinds])
-        # A vector's first factor is fixed (its kind says nothing of it), its second diagonal.
-        self.diagonal = tuple(per_unit([diag[axis] if len(diag) == 2 else True for _, diag in kinds]) for axis in (0, 1))
+        self.rows = per_unit([shape[0] for shape, _ in kinds]).astype(np.uint32)
+        self.cols = per_unit([shape[1] for shape, _ in kinds]).astype(np.uint32)
+        self.counts = per_unit([math.prod(shape) for shape, _ in kinds])
+        self.diagonal = tuple(per_unit([diag[axis] for _, diag in kinds]) for axis in (0, 1))
 
     def matrices(self, pieces: list) -> jax.Array:
-        """The pieces `(count, *shape)` as one padded stack `(units, rows, cols)`."""
-        return jnp.concatenate([
-            _pad(x.reshape((len(x), *s)), self.shape) for x, s in zip(pieces, self.matrix_shapes)
-        ])  # fmt: skip
+        """The pieces `(count, rows, cols)` as one padded stack `(units, rows, cols)`."""
+        return jnp.concatenate([_pad(x, self.shape) for x in pieces])
 
     def unpadded(self, stack: jax.Array) -> list:
-        """A padded stack of matrices back as the pieces, each `(count, *kind shape)`."""
+        """A padded stack of matrices back as the pieces."""
         parts = _split((stack,), self.counts_per_piece)
-        return [
-            p[0][:, : s[0], : s[1]].reshape((len(p[0]), *shape))
-            for p, s, (shape, _) in zip(parts, self.matrix_shapes, self.kinds)
-        ]
+        return [p[0][:, : shape[0], : shape[1]] for p, (shape, _) in zip(parts, self.kinds)]
 
     def factors(self, factors: list) -> tuple[jax.Array, jax.Array]:
         """The pieces' factors as two padded stacks of dense matrices."""
         firsts, seconds = [], []
-        for q, (shape, diag), s, c in zip(factors, self.kinds, self.matrix_shapes, self.counts_per_piece):
+        for q, (shape, _) in zip(factors, self.kinds):
             dense = [jnp.eye(d, dtype=f.dtype) * f[:, None, :] if f.ndim == 2 else f for f, d in zip(q, shape)]
-            if len(shape) == 1:  # a vector: a fixed 1, then its diagonal
-                dense = [jnp.ones((c, 1, 1), dense[0].dtype), dense[0]]
             firsts.append(_pad(dense[0], (self.shape[0],) * 2))
             seconds.append(_pad(dense[1], (self.shape[1],) * 2))
         return jnp.concatenate(firsts), jnp.concatenate(seconds)
@@ -552,11 +564,36 @@ class _Padded:
     def unpadded_factors(self, q1: jax.Array, q2: jax.Array) -> list:
         """Two padded stacks of dense factors back as each piece's factors (stacked, by kind)."""
         out = []
-        for (first, second), (shape, diag), s in zip(_split((q1, q2), self.counts_per_piece), self.kinds, self.matrix_shapes):
-            dense = [first[:, : s[0], : s[0]], second[:, : s[1], : s[1]]]
-            q = tuple(jnp.diagonal(f, axis1=1, axis2=2) if d else f for f, d in zip(dense, (diag[0], diag[-1])))
-            out.append(q if len(shape) == 2 else q[1:])
+        for (first, second), (shape, diag) in zip(_split((q1, q2), self.counts_per_piece), self.kinds):
+            dense = [first[:, : shape[0], : shape[0]], second[:, : shape[1], : shape[1]]]
+            out.append(tuple(jnp.diagonal(f, axis1=1, axis2=2) if d else f for f, d in zip(dense, diag)))
         return out
+
+
+class _PaddedVectors:
+    """Pieces of small vectors (by their kinds) padded to the longest: `(units, length)`."""
+
+    def __init__(self, kinds: list, counts: list[int]):
+        self.counts = counts
+        self.sizes = [shape[0] for shape, _ in kinds]
+        self.length = max(self.sizes)
+        self.lengths = np.concatenate([np.full(c, n) for c, n in zip(counts, self.sizes)]).astype(np.uint32)
+
+    def stack(self, pieces: list, fill: float = 0) -> jax.Array:
+        """The pieces `(count, size)` as one stack, padded with `fill`."""
+        return jnp.concatenate([jnp.pad(x, ((0, 0), (0, self.length - x.shape[1])), constant_values=fill) for x in pieces])
+
+    def unpadded(self, stack: jax.Array) -> list:
+        """A padded stack back as the pieces."""
+        return [part[0][:, :n] for part, n in zip(_split((stack,), self.counts), self.sizes)]
+
+
+def _precondition_padded_vectors(kinds: list, pieces: list, factors: list) -> list:
+    """Small vectors' pieces preconditioned together, padded (`precondition_padded_vector`)."""
+    padded = _PaddedVectors(kinds, [len(x) for x in pieces])
+    q = padded.stack([f[0] for f in factors], fill=1)
+    done = jax.vmap(precondition_padded_vector)(padded.stack(pieces), q, jnp.asarray(padded.lengths, jnp.float32))
+    return padded.unpadded(done)
 
 
 def _pad(x: jax.Array, shape: tuple[int, int]) -> jax.Array:

@@ -2,9 +2,10 @@
 
 Per parameter (`update_factors`, `precondition`), for a tensor of any number of axes whose
 factors are triangular matrices or diagonals; and for many small parameters at once
-(`fit_padded`, `precondition_padded`): matrices and vectors of up to `PADDED_MAX` per axis, each
+(`fit_padded`, `precondition_padded`): matrices of up to `PADDED_MAX` per axis, each
 zero-padded to the largest of them, their factors as dense matrices (a diagonal one too), one
-program for all of them instead of one per parameter. The padded form computes the same
+program for all of them instead of one per parameter; and vectors, padded apart, entry by entry
+(`fit_padded_vector`, `precondition_padded_vector`). The padded form computes the same
 formulas (the helpers below are shared); its padding rows and columns stay zero throughout.
 """
 
@@ -108,8 +109,12 @@ def norm_lower_bound(a: jax.Array) -> jax.Array:
     """
     max_abs = jnp.max(jnp.abs(a))
     scaled = a / jnp.where(max_abs > 0, max_abs, 1)
-    column = jnp.argmax(jnp.sum(scaled * scaled, axis=0))
-    x = jnp.take(scaled, column, axis=1) @ scaled
+    # The first column of largest norm, picked by a one-hot product (an exact selection), which
+    # compiles in a fraction of the time of `argmax` and a gather.
+    norms = jnp.sum(scaled * scaled, axis=0)
+    index = jax.lax.iota(jnp.int32, a.shape[0])
+    first = jnp.min(jnp.where(norms == jnp.max(norms), index, a.shape[0]))
+    x = (scaled @ (index == first).astype(a.dtype)) @ scaled
     x_norm = jnp.linalg.norm(x)
     x = x / jnp.where(x_norm > 0, x_norm, 1)
     return jnp.where(max_abs > 0, jnp.linalg.norm(scaled @ x) * max_abs, 0)
@@ -227,20 +232,27 @@ def forward_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
     return jax.lax.fori_loop(0, lower.shape[0], row, jnp.zeros_like(rhs))
 
 
-def padded_step(q: jax.Array, term_a: jax.Array, term_b: jax.Array, lr: Any, tiny: Any, diagonal: jax.Array) -> jax.Array:
+def padded_step(q: jax.Array, term_a: jax.Array, term_b: jax.Array, lr: Any, tiny: Any, diagonal: Any) -> jax.Array:
     """A dense factor (zero-padded) after its step from the Gram matrices: `triangular_step`, or
-    `diagonal_step` on the diagonals where `diagonal` (the factor is then a diagonal matrix)."""
+    `diagonal_step` on the diagonals where `diagonal` (the factor is then a diagonal matrix); a
+    Python bool (every member of a group alike) compiles only its own step."""
     step, total = (term_a - term_b) * lr, term_a + term_b
-    along = diagonal_step(jnp.diagonal(q), jnp.diagonal(step), jnp.diagonal(total), tiny)
-    return jnp.where(diagonal, along[:, None] * jnp.eye(q.shape[0], dtype=q.dtype), triangular_step(q, step, total, tiny))
+
+    def along():
+        new = diagonal_step(jnp.diagonal(q), jnp.diagonal(step), jnp.diagonal(total), tiny)
+        return new[:, None] * jnp.eye(q.shape[0], dtype=q.dtype)
+
+    if isinstance(diagonal, bool):
+        return along() if diagonal else triangular_step(q, step, total, tiny)
+    return jnp.where(diagonal, along(), triangular_step(q, step, total, tiny))
 
 
-def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, fixed1, balance, lr, tiny):
-    """One small parameter's two dense factors after an update (see `update_factors`): its
+def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, balance, lr, tiny):
+    """One small matrix's two dense factors after an update (see `update_factors`): its
     `(rows, cols)` matrix (`fitted`, `probe`) zero-padded, `q1` and `q2` zero-padded too, a
-    diagonal factor as a diagonal matrix; `fixed1`: the parameter is a vector, `q1` a fixed 1
-    (neither updated nor balanced)."""
-    scales = balance_scales(jnp.stack([jnp.max(jnp.abs(q1)), jnp.max(jnp.abs(q2))]), balance & ~fixed1)
+    diagonal factor as a diagonal matrix (`diagonal1`, `diagonal2`: per matrix, or a Python bool
+    for a whole group)."""
+    scales = balance_scales(jnp.stack([jnp.max(jnp.abs(q1)), jnp.max(jnp.abs(q2))]), balance)
     q1, q2 = q1 * scales[0].astype(q1.dtype), q2 * scales[1].astype(q2.dtype)
     G = damped(fitted, probe, count)
     A = q1 @ G @ q2.T
@@ -249,9 +261,20 @@ def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, f
     eye2 = jnp.diag((jnp.arange(q2.shape[0]) >= cols).astype(q2.dtype))
     B = solve_lower((q2 + eye2).T, solve_lower((q1 + eye1).T, probe).T).T
     A, B = _scaled_alike(A, B)
-    new1 = padded_step(q1, A @ A.T, B @ B.T, lr, tiny, diagonal1)
-    new2 = padded_step(q2, A.T @ A, B.T @ B, lr, tiny, diagonal2)
-    return jnp.where(fixed1, q1, new1), new2
+    return padded_step(q1, A @ A.T, B @ B.T, lr, tiny, diagonal1), padded_step(q2, A.T @ A, B.T @ B, lr, tiny, diagonal2)
+
+
+def fit_padded_vector(fitted: jax.Array, probe: jax.Array, q: jax.Array, count: Any, lr: Any, tiny: Any) -> jax.Array:
+    """One small vector's diagonal factor after an update (`update_factors` on a vector), entry
+    by entry: `fitted` and `probe` zero-padded, `q` padded with ones (which stay ones)."""
+    A, conj_B = _scaled_alike(q * damped(fitted, probe, count), probe / q)
+    term_a, term_b = A * A, conj_B * conj_B
+    return diagonal_step(q, (term_a - term_b) * lr, term_a + term_b, tiny)
+
+
+def precondition_padded_vector(m_hat: jax.Array, q: jax.Array, count: Any) -> jax.Array:
+    """One small vector's update `q^2 m_hat` (`precondition`), its RMS (over `count` entries) capped."""
+    return clip_rms((q * q) * m_hat, count)
 
 
 def precondition_padded(m_hat: jax.Array, q1: jax.Array, q2: jax.Array, count: Any) -> jax.Array:

@@ -307,3 +307,34 @@ def test_without_a_mesh_state_keeps_the_lengths_it_is_stored_with():
     _, new = run_per_unit(work, stacks, leaves, [(moments, padded_rows)])
     np.testing.assert_array_equal(new[0][0], [2.0, 3.0])
     np.testing.assert_array_equal(new[0][1], [20.0, 40.0, 0.0, 0.0])
+
+
+def _primitives(jaxpr, inside=()) -> list[tuple[str, tuple[str, ...]]]:
+    """Every primitive of a jaxpr and its nested jaxprs, with the primitives it is nested in."""
+    found = []
+    for eqn in jaxpr.eqns:
+        found.append((eqn.primitive.name, inside))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)
+                if isinstance(sub, jax.extend.core.Jaxpr):
+                    found += _primitives(sub, (*inside, eqn.primitive.name))
+    return found
+
+
+def test_galore_refreshes_its_projections_on_owners():
+    """On a mesh, every SVD of GaLore's refresh runs inside the owner scheme's `shard_map` (one
+    device per matrix), and only in the refresh branch of the step's `cond`; without a mesh,
+    outside any `shard_map`."""
+    from modopt.sharding._owners import owner_mesh
+
+    params = {"w": jnp.ones((16, 8)), "v": jnp.ones((4, 12)), "b": jnp.ones(8)}
+    tx = modopt.contrib.scale_by_galore(rank=4)
+    state = tx.init(params)
+    with owner_mesh(AbstractMesh((8,), ("fsdp",))):
+        on_mesh = _primitives(jax.make_jaxpr(tx.update)(params, state, params).jaxpr)
+    svds = [inside for name, inside in on_mesh if name == "svd"]
+    assert svds and all("shard_map" in inside and "cond" in inside for inside in svds), svds
+    alone = _primitives(jax.make_jaxpr(tx.update)(params, state, params).jaxpr)
+    svds = [inside for name, inside in alone if name == "svd"]
+    assert len(svds) == 2 and not any("shard_map" in inside for inside in svds), svds

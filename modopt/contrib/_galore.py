@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import fields
 from .._base import AbstractComposite, AbstractTransform, AbstractWrapper, as_transform
@@ -21,6 +21,7 @@ from .._specs import REPLICATED, padded
 from .._trees import is_none
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
+from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, matrix_map, per_unit, run_per_unit, specs_of
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 from .._fields import Scalar
 from .._masks import MaskOrFn
@@ -149,6 +150,10 @@ class ScaleByGalore(AbstractWrapper):
     base optimizer gets none: it must not need them (`scale_by_adam`, `scale_by_lion`,
     `sgd(1.0)`, ...; not `adamw`: use `galore`'s `weight_decay`). Extra arguments reach it.
 
+    On a mesh (`modopt.sharding`'s owner scheme), each refresh's SVDs run one per owner device:
+    a gradient matrix moves to its owner and its projection comes back, on refresh steps only,
+    instead of every device gathering every matrix and computing every SVD.
+
     Sharding (`state_specs`): a projection `(m, r)` splits its `m` axis as the parameter
     splits its row axes, and `(n, r)` its `n` axis as the parameter's column axes; the rank
     axis is never split. A group of several axes keeps the split of its first axis when the
@@ -261,6 +266,7 @@ class ScaleByGalore(AbstractWrapper):
         )
 
     def update(self, updates, state, params=None, **extra_args):
+        specs = specs_of(updates, params)  # where each gradient lies on a mesh
         del params
         dtype = self.projector_dtype
         refresh = state.count % self.update_proj_gap == 0
@@ -269,18 +275,27 @@ class ScaleByGalore(AbstractWrapper):
         # With `projector_dtype`, the projections are read (and made) in float32 at least, and
         # so are the gradients they project.
         old_projectors = treedef.flatten_up_to(widen(state.projector, dtype))
-        projected, projectors = [], []
-        for g, projector, layout in zip(leaves, old_projectors, layouts):
-            if layout is None:
-                projected.append(g)
-                projectors.append(projector)
-                continue
-            matrix = layout.to_matrix(widen(g, dtype))
-            projector = jax.lax.cond(
-                refresh, lambda m=matrix, lay=layout: _svd_projector(m, lay), lambda p=projector: p
-            )
-            projected.append(projector.T @ matrix if layout.left else matrix @ projector)
-            projectors.append(projector)
+        widened = [g if layout is None else widen(g, dtype) for g, layout in zip(leaves, layouts)]
+        mesh = current_mesh()
+        if mesh is None:
+            projectors = [
+                p
+                if layout is None
+                else jax.lax.cond(refresh, lambda g=g, lay=layout: _svd_projector(lay.to_matrix(g), lay), lambda p=p: p)
+                for g, p, layout in zip(widened, old_projectors, layouts)
+            ]
+        else:  # every SVD on one owner device, on refresh steps only
+            stored = specs_of(state.projector)  # the new projections laid out as the state keeps them
+
+            def refreshed():
+                new = _projectors_on_owners(widened, old_projectors, layouts, specs, mesh)
+                return [p if spec is None else jax.lax.with_sharding_constraint(p, NamedSharding(mesh, spec)) for p, spec in zip(new, stored)]
+
+            projectors = jax.lax.cond(refresh, refreshed, lambda: old_projectors)
+        projected = [
+            g if layout is None else _project(layout.to_matrix(g), p, layout)
+            for g, p, layout in zip(widened, projectors, layouts)
+        ]
         low_rank, base_state = self.inner.update(
             treedef.unflatten(projected), state.base_optimizer_state, None, **extra_args
         )
@@ -330,6 +345,47 @@ def _svd_projector(matrix: jax.Array, layout: _Layout) -> jax.Array:
     u, _, vh = jnp.linalg.svd(matrix.astype(jnp.float32), full_matrices=False)
     vectors = u[:, : layout.rank] if layout.left else vh[: layout.rank, :].T
     return vectors.astype(matrix.dtype)
+
+
+def _project(matrix: jax.Array, projector: jax.Array, layout: _Layout) -> jax.Array:
+    return projector.T @ matrix if layout.left else matrix @ projector
+
+
+def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, mesh: Any) -> list:
+    """New projections of every projected leaf, each SVD run on one owner device
+    (`modopt.sharding.run_per_unit`): the gradient matrix moves to its owner, and its projection
+    comes back embedded in a matrix shaped like it (`P` in its first `rank` columns, or `P^T` in
+    its first `rank` rows: `rank <= min(m, n)`), laid out as the parameter."""
+    kinds, leaves = [], []
+    for g, layout, spec in zip(grads, layouts, specs):
+        if layout is None:
+            kinds.append(None)
+            leaves.append(None)
+            continue
+        kinds.append(((layout.m, layout.n), layout.rank, jnp.result_type(g)))
+        leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output), spec))
+
+    def work(kinds, pieces, states):
+        return [(per_unit(_embedded_projector, len(x), x, rank=rank),) for (_, rank, _), (x,) in zip(kinds, pieces)], states
+
+    done, _ = run_per_unit(work, UnitStacks(kinds, [1] * len(kinds)), leaves, None, mesh)
+    projectors = []
+    for out, p, layout in zip(done, old, layouts):
+        if layout is None:
+            projectors.append(p)
+            continue
+        embedded = layout.to_matrix(out[0])
+        projectors.append(embedded[:, : layout.rank] if layout.left else embedded[: layout.rank, :].T)
+    return projectors
+
+
+def _embedded_projector(matrix: jax.Array, *, rank: int) -> jax.Array:
+    """`_svd_projector` of an `(m, n)` matrix, embedded in a zero matrix of its shape."""
+    m, n = matrix.shape
+    layout = _Layout((0,), (1,), m, n, rank)
+    projector = _svd_projector(matrix, layout)
+    zeros = jnp.zeros_like(matrix)
+    return zeros.at[:, :rank].set(projector) if layout.left else zeros.at[:rank, :].set(projector.T)
 
 
 def _group_entry(entries: tuple, axes: tuple[int, ...]) -> Any:

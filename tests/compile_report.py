@@ -4,7 +4,9 @@ Most of the suite's CPU is JAX compiling small programs (tracing, lowering to ML
 backend compile). With the variable set, each test process records, per test, its wall time,
 its process CPU time (all its threads), the CPU time of the subprocesses it ran and waited for
 (`children`), and JAX's own durations of those three phases (`jax.monitoring` events); the
-terminal summary adds a table by file, slowest first. CPU time, unlike wall time, hardly
+terminal summary adds a table by file, slowest first, and how long each process sat idle at
+the end (a long test handed out last). A folder given as the variable keeps each process's
+rows, per test with its start and end. CPU time, unlike wall time, hardly
 depends on what else runs on the machine. A test whose wall time far exceeds its CPU and its
 children's waits on I/O.
 """

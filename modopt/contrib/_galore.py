@@ -277,21 +277,22 @@ class ScaleByGalore(AbstractWrapper):
         old_projectors = treedef.flatten_up_to(widen(state.projector, dtype))
         widened = [g if layout is None else widen(g, dtype) for g, layout in zip(leaves, layouts)]
         mesh = current_mesh()
-        if mesh is None:
-            projectors = [
-                p
-                if layout is None
-                else jax.lax.cond(refresh, lambda g=g, lay=layout: _svd_projector(lay.to_matrix(g), lay), lambda p=p: p)
-                for g, p, layout in zip(widened, old_projectors, layouts)
+
+        def refreshed():
+            if mesh is None:
+                return [
+                    p if layout is None else _svd_projector(layout.to_matrix(g), layout)
+                    for g, p, layout in zip(widened, old_projectors, layouts)
+                ]
+            # Every SVD on one owner device; the new projections laid out as the state keeps them.
+            new = _projectors_on_owners(widened, old_projectors, layouts, specs, mesh)
+            stored = specs_of(state.projector)
+            return [
+                p if spec is None else jax.lax.with_sharding_constraint(p, NamedSharding(mesh, spec))
+                for p, spec in zip(new, stored)
             ]
-        else:  # every SVD on one owner device, on refresh steps only
-            stored = specs_of(state.projector)  # the new projections laid out as the state keeps them
 
-            def refreshed():
-                new = _projectors_on_owners(widened, old_projectors, layouts, specs, mesh)
-                return [p if spec is None else jax.lax.with_sharding_constraint(p, NamedSharding(mesh, spec)) for p, spec in zip(new, stored)]
-
-            projectors = jax.lax.cond(refresh, refreshed, lambda: old_projectors)
+        projectors = jax.lax.cond(refresh, refreshed, lambda: old_projectors)
         projected = [
             g if layout is None else _project(layout.to_matrix(g), p, layout)
             for g, p, layout in zip(widened, projectors, layouts)

@@ -215,10 +215,9 @@ class ScaleByKron(AbstractTransform):
     `lax.cond`: under `jit` a skipped update costs nothing.
 
     Parameters whose layout has at most two axes, none longer than 192, are fitted and
-    preconditioned together, zero-padded to the largest of them (their factors as dense
-    matrices, their triangular solves row by row in a loop), in one program for the matrices
-    and one for the vectors (a vector padded to a matrix's rows would pay for two dense
-    factors where it has one diagonal one); the others are stacked
+    preconditioned together, zero-padded to the largest of them: the matrices in one program
+    (their factors as dense matrices, their triangular solves row by row in a loop), the
+    vectors in another, entry by entry (their one diagonal factor); the others are stacked
     by layout and run one program per layout. This keeps the compiled step small (compile time
     grows with the number of programs) and, on CPU, keeps the small solves away from LAPACK,
     whose threaded solves stalled for milliseconds each on a loaded machine.
@@ -425,8 +424,16 @@ class ScaleByKron(AbstractTransform):
             # pieces are of one kind: one program per kind, not per parameter).
             small = [i for i, kind in enumerate(kinds) if _padded(kind)]
             # Vectors and matrices padded apart: a vector's one diagonal factor is fitted entry
-            # by entry, where padded to a matrix's rows it would pay for two dense ones.
-            padded_groups = [g for g in ([i for i in small if len(kinds[i][0]) == rank] for rank in (1, 2)) if g]
+            # by entry, where padded to a matrix's rows it would pay for two dense ones. Each
+            # group: its members, how they are fitted and how they are preconditioned.
+            padded_groups = [
+                (members, fit_group, precondition_group)
+                for rank, fit_group, precondition_group in (
+                    (1, self._fit_padded_vectors, _precondition_padded_vectors),
+                    (2, self._fit_padded, _precondition_padded),
+                )
+                if (members := [i for i in small if len(kinds[i][0]) == rank])
+            ]
             by_kind: dict[Any, list[int]] = {}
             for i, kind in enumerate(kinds):
                 if i not in small:
@@ -441,10 +448,9 @@ class ScaleByKron(AbstractTransform):
                     fitted_q = per_unit(self._fit, len(m), fitted, offsets, turns, q, balance=balance, seed=seed)
                     for i, part in zip(members, _split(fitted_q, [len(pieces[i][0]) for i in members])):
                         new[i] = part
-                for members in padded_groups:
+                for members, fit_group, _ in padded_groups:
                     group = [pieces[i] for i in members]
                     fitted = [p[0] if self.momentum_into_precond_update else p[1] for p in group]
-                    fit_group = self._fit_padded_vectors if len(kinds[members[0]][0]) == 1 else self._fit_padded
                     fitted_q = fit_group([kinds[i] for i in members], fitted, [p[-1] for p in group],
                                          [factors[i] for i in members], balance, seed)  # fmt: skip
                     for i, part in zip(members, fitted_q):
@@ -458,8 +464,7 @@ class ScaleByKron(AbstractTransform):
                 done = per_unit(_preconditioned, len(m), m, _joined([factors[i] for i in members]))
                 for i, part in zip(members, _split(done, [len(pieces[i][0]) for i in members])):
                     out[i] = (part,)
-            for members in padded_groups:
-                precondition_group = _precondition_padded_vectors if len(kinds[members[0]][0]) == 1 else _precondition_padded
+            for members, _, precondition_group in padded_groups:
                 done = precondition_group([kinds[i] for i in members], [pieces[i][0] for i in members], [factors[i] for i in members])
                 for i, part in zip(members, done):
                     out[i] = (part,)
@@ -501,9 +506,9 @@ class ScaleByKron(AbstractTransform):
         sizes = [jnp.asarray(f) for f in (padded.rows.astype(np.int32), padded.cols.astype(np.int32), padded.counts.astype(np.float32))]
         # Whether each factor is diagonal: a Python bool where the whole group agrees (static).
         static = {f"diagonal{i + 1}": bool(d[0]) for i, d in enumerate(padded.diagonal) if (d == d[0]).all()}
-        per_unit = {f"diagonal{i + 1}": jnp.asarray(d) for i, d in enumerate(padded.diagonal) if f"diagonal{i + 1}" not in static}
+        batched = {f"diagonal{i + 1}": jnp.asarray(d) for i, d in enumerate(padded.diagonal) if f"diagonal{i + 1}" not in static}
         fit = functools.partial(fit_padded, balance=balance, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny, **static)
-        new = jax.vmap(fit)(x, probes, q1, q2, *sizes, **per_unit)
+        new = jax.vmap(fit)(x, probes, q1, q2, *sizes, **batched)
         return padded.unpadded_factors(*new)
 
     def _fit_padded_vectors(self, kinds: list, fitted: list, extras: list, factors: list, balance: jax.Array, seed: tuple) -> list:

@@ -161,6 +161,59 @@ def test_without_a_mesh_each_leaf_is_its_own_piece():
     np.testing.assert_array_equal(new[1], [8.0])
 
 
+def test_stacked_without_a_mesh_each_stack_is_one_piece():
+    """With `stacked`, the work sees each stack's units concatenated in the leaves' order, with the
+    stack's state (its padding rows cut off, then zero again), and each leaf gets its own rows
+    of the outputs back."""
+    x, y, z = arange((4, 6)), arange((4, 6)) + 1, arange((3, 3))
+    leaves = [LeafUnits((v,), whole_map(v.shape)) for v in (x, y, z)]
+    stacks = UnitStacks([v.shape for v in (x, y, z)], [1, 1, 1])
+    state = [jnp.asarray([0.0, 1.0, 0.0]), jnp.asarray([7.0])]  # the first stored padded (3 rows)
+    seen = []
+
+    def work(kinds, pieces, states):
+        seen.append([(kind, piece[0].shape, s.tolist()) for kind, piece, s in zip(kinds, pieces, states)])
+        return [(2 * piece[0],) for piece in pieces], [s + 1 for s in states]
+
+    outs, new = run_per_unit(work, stacks, leaves, state, stacked=True)
+    assert seen == [[((4, 6), (2, 4, 6), [0.0, 1.0]), ((3, 3), (1, 3, 3), [7.0])]]
+    for (out,), v in zip(outs, (x, y, z)):
+        np.testing.assert_array_equal(out, 2 * v)
+    np.testing.assert_array_equal(new[0], [1.0, 2.0, 0.0])
+    np.testing.assert_array_equal(new[1], [8.0])
+
+
+def test_muon_orthogonalizes_each_shape_in_one_batched_program():
+    """Without a mesh, Muon's Newton-Schulz runs once per shape of matrix, batched over the
+    matrices of that shape (12 matrices of 2 shapes: one loop of 3 products per shape, not one
+    per matrix), and gives each matrix what orthogonalizing it alone gives."""
+    from modopt.transforms._newton_schulz import as_ns_coeffs, orthogonalize, orthogonalize_leaves
+
+    shapes = [(8, 8), (8, 8), (8, 24)] * 4
+    leaves = [jax.random.normal(k, s) for k, s in zip(jax.random.split(jax.random.key(0), len(shapes)), shapes)]
+    axes = [((), (1,), (0,))] * len(leaves)
+    coeffs = as_ns_coeffs("standard")
+    jaxpr = jax.make_jaxpr(lambda ls: orthogonalize_leaves(ls, axes, coeffs, 5, "frobenius", 1e-8))(leaves).jaxpr
+    products = [eqn for name, eqn in _equations(jaxpr) if name == "dot_general"]
+    assert len(products) == 2 * 3, len(products)
+    together = orthogonalize_leaves(leaves, axes, coeffs, 5, "frobenius", 1e-8)
+    for x, a, out in zip(leaves, axes, together):
+        np.testing.assert_allclose(out, orthogonalize(x, a, coeffs, 5, "frobenius", 1e-8), rtol=0, atol=1e-5)
+
+
+def _equations(jaxpr) -> list:
+    """`(primitive name, equation)` of every equation in `jaxpr` and the jaxprs inside it."""
+    found = []
+    for eqn in jaxpr.eqns:
+        found.append((eqn.primitive.name, eqn))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                sub = getattr(sub, "jaxpr", sub)
+                if isinstance(sub, jax.extend.core.Jaxpr):
+                    found += _equations(sub)
+    return found
+
+
 # Programs written by hand in XLA's text format: each collective's bytes are worked out below.
 _HLO = """HloModule step, num_partitions=8
 

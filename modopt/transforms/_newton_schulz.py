@@ -246,7 +246,9 @@ def matrix_units(shape: tuple[int, ...], axes: tuple[tuple[int, ...], ...], *, s
 # Compiled as one program also when called eagerly, so its rounding matches jitted code (the
 # iteration amplifies rounding differences in the small singular values).
 @functools.partial(jax.jit, static_argnames=("ns_steps", "preconditioning"), inline=True)
-def _newton_schulz_stack(units: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any) -> jax.Array:
+def _newton_schulz_stack(
+    units: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any
+) -> jax.Array:
     return jax.vmap(lambda m: newton_schulz(m, ns_coeffs, ns_steps, preconditioning, eps))(units)
 
 
@@ -259,13 +261,19 @@ def orthogonalize(
     eps: Any,
 ) -> jax.Array:
     """`newton_schulz` on each matrix of `x` (see `matrix_units`); the result laid out as `x`."""
-    if x.ndim == 2 and preconditioning != "aol":
-        # Newton-Schulz commutes with transposition, and so do these preconditionings: a matrix
-        # is taken as stored, whichever axis reduces (optax's order of operations, so that the
-        # rounding is the same; AOL scales rows, so there the orientation changes the result).
-        axes = ((), (0,), (1,))
-    units = matrix_units(x.shape, axes)
-    return units.from_units(_newton_schulz_stack(units.to_units(x), ns_coeffs, ns_steps, preconditioning, eps))
+    units = matrix_units(x.shape, _as_stored(x.ndim, axes, preconditioning))
+    return units.from_units(
+        _newton_schulz_stack(units.to_units(x), ns_coeffs, ns_steps, preconditioning, eps)
+    )
+
+
+def _as_stored(
+    ndim: int, axes: tuple[tuple[int, ...], ...], preconditioning: str
+) -> tuple[tuple[int, ...], ...]:
+    """A matrix's axes as it is stored, whichever axis reduces: Newton-Schulz commutes with
+    transposition, and so do these preconditionings (optax's order of operations, so that the
+    rounding is the same; AOL scales rows, so there the orientation changes the result)."""
+    return ((), (0,), (1,)) if ndim == 2 and preconditioning != "aol" else axes
 
 
 def orthogonalize_leaves(
@@ -283,7 +291,9 @@ def orthogonalize_leaves(
     shape, a matrix taller than wide as its transpose (Newton-Schulz transposes it anyway:
     the numbers are the same), and each stack is split over the devices: each matrix moves to
     its owner and its orthogonalization back, and no device repeats another's iterations.
-    Without a mesh, `orthogonalize` leaf by leaf.
+    Without a mesh, the matrices of one shape are stacked too and orthogonalized in one batched
+    program (`orthogonalize`'s numbers; on an accelerator, a few large kernels instead of a
+    chain of small ones per leaf).
 
     Args:
         leaves: the arrays to orthogonalize.
@@ -292,22 +302,27 @@ def orthogonalize_leaves(
         specs: each leaf's `PartitionSpec` on the mesh, where known (`modopt.sharding.spec_of`).
     """
     mesh = current_mesh()
-    if mesh is None:
-        return [orthogonalize(x, a, ns_coeffs, ns_steps, preconditioning, eps) for x, a in zip(leaves, axes)]
     specs = [None] * len(leaves) if specs is None else specs
     work, kinds = [], []
     for x, a, spec in zip(leaves, axes, specs):
-        units = matrix_units(x.shape, a)
-        rows, cols = units.unit_shape
-        units = units._replace(swap=rows > cols)
+        if mesh is None:
+            # The matrices as `orthogonalize` takes them, so that the numbers are the same.
+            units = matrix_units(x.shape, _as_stored(x.ndim, a, preconditioning))
+        else:
+            units = matrix_units(x.shape, a)
+            rows, cols = units.unit_shape
+            units = units._replace(swap=rows > cols)
         work.append(LeafUnits((x,), units, spec))
         kinds.append(None if x.size == 0 else (units.unit_shape, jnp.result_type(x)))
 
     def newton_schulz_stacks(kinds, pieces, states):
-        return [(_newton_schulz_stack(x, ns_coeffs, ns_steps, preconditioning, eps),) for (x,) in pieces], states
+        return [
+            (_newton_schulz_stack(x, ns_coeffs, ns_steps, preconditioning, eps),) for (x,) in pieces
+        ], states
 
     stacks = UnitStacks(kinds, [leaf.units.count for leaf in work])
-    done, _ = run_per_unit(newton_schulz_stacks, stacks, [w if k is not None else None for w, k in zip(work, kinds)], None, mesh)
+    work = [w if k is not None else None for w, k in zip(work, kinds)]
+    done, _ = run_per_unit(newton_schulz_stacks, stacks, work, None, mesh, stacked=True)
     # A leaf without elements has nothing to orthogonalize.
     return [x if result is None else result[0] for x, result in zip(leaves, done)]
 
@@ -369,7 +384,9 @@ class ScaleByShape(AbstractTransform):
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers)
     consistent_rms: Scalar | None = hyperparameter(None, check=fields.NONNEGATIVE)
     owner: str = static(default="muon", kw_only=True)
-    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
+    dimension_numbers_field: ClassVar[str] = (
+        "weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
+    )
 
     def init(self, params):
         return init_empty_state(params)

@@ -42,11 +42,22 @@ WINDOW = 20  # steps per timed call: two refreshes at a period of 10
 TOTAL_STEPS = 5000  # the schedules' horizon (the step time does not depend on it)
 OPTIMIZERS = ("adamw", "muon", "normuon", "adamuon", "soap", "shampoo", "kron", "adam_mini")
 SHAMPOO_DEFAULTS = "shampoo, roots every step"
+# Not in the default table: SOAP with its bases kept for 1000 steps, which separates the cost of
+# its every-step work (rotations, moments, statistics) from that of its refreshes.
+SOAP_RARE = "soap, bases every 1000 steps"
 
 
 def make_optimizer(name: str, model):
     if name == SHAMPOO_DEFAULTS:
         tx = modopt.shampoo(recipes.schedule(recipes.RECIPES["shampoo"].learning_rate, TOTAL_STEPS))
+    elif name == SOAP_RARE:
+        schedule = recipes.schedule(recipes.RECIPES["soap"].learning_rate, TOTAL_STEPS)
+        tx = modopt.soap(
+            schedule,
+            weight_decay=recipes.WEIGHT_DECAY,
+            mask=recipes.decay_mask(model),
+            precondition_frequency=1000,
+        )
     else:
         tx = recipes.make_transform(name, model, TOTAL_STEPS)
     return modopt.Optimizer(tx, model)

@@ -57,3 +57,18 @@ def test_catalog_covers_every_named_optimizer():
     names = {n for n in dir(modopt.optimizers) if n[0].islower() and callable(getattr(modopt.optimizers, n))}
     in_optax = set(dir(optax)) | set(dir(optax.contrib))  # dpsgd is in optax.contrib
     assert names & in_optax == set(bench.CATALOG)
+
+
+def test_train_step_benchmark_smoke_run(tmp_path):
+    """The transformer's training-step benchmark at its smallest size: every row timed in every
+    round, the ratios against AdamW's, the files written where asked."""
+    import train_step
+
+    results = train_step.main(["--size", "micro", "--rounds", "2", "--optimizers", "adamw", "muon", "--out", str(tmp_path)])
+    assert set(results) == {"adamw", "muon"}
+    for row in results.values():
+        assert len(row["step ms, all rounds"]) == 2 and all(t > 0 for t in row["step ms, all rounds"])
+        assert row["step / adamw"] == row["step ms"] / results["adamw"]["step ms"]
+    assert abs(results["adamw"]["state_bytes_per_parameter"] - 8.0) < 0.01  # two float32 moments and a count
+    assert (tmp_path / "train_step.txt").read_text().startswith("The transformer job's training step (micro")
+    assert set(json.loads((tmp_path / "train_step.json").read_text())["results"]) == {"adamw", "muon"}

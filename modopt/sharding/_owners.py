@@ -326,34 +326,15 @@ def _names(entry: Any) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def matrix_map(
-    shape: tuple[int, ...],
-    batch: tuple[int, ...],
-    rows: tuple[int, ...],
-    cols: tuple[int, ...],
-    *,
-    swap: bool = False,
-) -> UnitMap:
+def matrix_map(shape: tuple[int, ...], batch: tuple[int, ...], rows: tuple[int, ...], cols: tuple[int, ...], *, swap: bool = False) -> UnitMap:
     """The units of a weight whose `batch` axes index matrices of `rows` x `cols` (each a tuple
     of axes, flattened in order): `(prod(batch), rows, cols)` (columns first with `swap`)."""
     perm = (*batch, *rows, *cols)
     merged = [math.prod(shape[a] for a in group) for group in (batch, rows, cols)]
-    return UnitMap(
-        tuple(shape),
-        perm,
-        (len(batch), len(rows), len(cols)),
-        (merged[0], 1, 1),
-        (1, merged[1], merged[2]),
-        (0,),
-        swap,
-    )
+    return UnitMap(tuple(shape), perm, (len(batch), len(rows), len(cols)), (merged[0], 1, 1), (1, merged[1], merged[2]), (0,), swap)
 
 
-def whole_map(
-    shape: tuple[int, ...],
-    groups: tuple[tuple[int, ...], ...] | None = None,
-    perm: tuple[int, ...] | None = None,
-) -> UnitMap:
+def whole_map(shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...] | None = None, perm: tuple[int, ...] | None = None) -> UnitMap:
     """One unit per leaf, its axes (permuted by `perm`) merged by `groups` (consecutive runs of
     the permuted axes; default: none merged)."""
     perm = tuple(range(len(shape))) if perm is None else tuple(perm)
@@ -425,10 +406,7 @@ class LeafUnits(NamedTuple):
     spec: PartitionSpec | None = None
 
 
-StackFn = Callable[
-    [Sequence[Hashable], list[tuple[jax.Array, ...]], list[Any]],
-    tuple[list[tuple[jax.Array, ...]], list[Any]],
-]
+StackFn = Callable[[Sequence[Hashable], list[tuple[jax.Array, ...]], list[Any]], tuple[list[tuple[jax.Array, ...]], list[Any]]]
 
 
 def run_per_unit(
@@ -491,10 +469,7 @@ def run_per_unit(
         outs, new = fn(
             [stacks.leaf_kinds[leaf] for leaf in order],
             [
-                (
-                    *(leaves[leaf].units.to_units(x) for x in leaves[leaf].arrays),
-                    *([] if extras is None else [extras[leaf]]),
-                )
+                (*(leaves[leaf].units.to_units(x) for x in leaves[leaf].arrays), *([] if extras is None else [extras[leaf]]))
                 for leaf in order
             ],
             [rows[leaf] for leaf in order],
@@ -515,10 +490,7 @@ def run_per_unit(
     lengths = [None if st is None else _stored_length(st, stacks, s) for s, st in enumerate(states)]
     # Elementwise state split along its units (`spread_spec`) joins its stack's owners for the work.
     stored = states
-    states = [
-        None if st is None else _gathered(st, stacks.size(s), n, mesh)
-        for s, (st, n) in enumerate(zip(states, lengths))
-    ]
+    states = [None if st is None else _gathered(st, stacks.size(s), n, mesh) for s, (st, n) in enumerate(zip(states, lengths))]
     moves = [_Move(stacks, s, leaves, mesh, stored=lengths[s]) for s in range(len(stacks))]
     pieces = [move.to_owners() for move in moves]
     if extras is not None:  # small per-unit data: made whole on every device, each owner takes its rows
@@ -542,9 +514,7 @@ def run_per_unit(
     return per_leaf, [_spread_back(st, old, move.size, mesh) for st, old, move in zip(new, stored, moves)]
 
 
-def _run_stacks(
-    fn: StackFn, stacks: UnitStacks, leaves: Sequence[LeafUnits | None], state: Any, extras: Any
-) -> tuple:
+def _run_stacks(fn: StackFn, stacks: UnitStacks, leaves: Sequence[LeafUnits | None], state: Any, extras: Any) -> tuple:
     """`run_per_unit` without a mesh, a piece per stack: the members' units concatenated in the
     stack's order, the state's rows beyond the stack's units (stored padded) left zero."""
 
@@ -552,19 +522,11 @@ def _run_stacks(
         arrays = tuple(leaves[leaf].units.to_units(x) for x in leaves[leaf].arrays)
         return arrays if extras is None else (*arrays, extras[leaf])
 
-    pieces = [
-        tuple(_concatenate(list(column)) for column in zip(*map(inputs, members)))
-        for members in stacks.members
-    ]
-    sizes = [stacks.size(s) for s in range(len(stacks))]
-    rows = (
-        [None] * len(stacks)
-        if state is None
-        else [jax.tree_util.tree_map(lambda x, n=n: x[:n], st) for st, n in zip(state, sizes)]
-    )
+    pieces = [tuple(_concatenate(list(column)) for column in zip(*map(inputs, members))) for members in stacks.members]
     if state is not None:
         for s, st in enumerate(state):
-            _stored_length(st, stacks, s)
+            _stored_length(st, stacks, s)  # raises if the state was made for other parameters
+    rows = [None] * len(stacks) if state is None else [_rows(st, stacks.size(s)) for s, st in enumerate(state)]
     outs, new = fn(list(stacks.kinds), pieces, rows)
     per_leaf: list[Any] = [None] * len(leaves)
     for members, out in zip(stacks.members, outs):
@@ -573,9 +535,12 @@ def _run_stacks(
             end = start + stacks.counts[leaf]
             per_leaf[leaf] = tuple(leaves[leaf].units.from_units(y[start:end]) for y in out)
             start = end
-    if state is None:
-        return per_leaf, None
-    return per_leaf, [_pad_like(new_st, st) for new_st, st in zip(new, state)]
+    return per_leaf, None if state is None else [_pad_like(new_st, st) for new_st, st in zip(new, state)]
+
+
+def _rows(tree: Any, count: int) -> Any:
+    """A stack's state without its padding rows: the first `count` of every array."""
+    return jax.tree_util.tree_map(lambda x: x[:count], tree)
 
 
 def _stored_length(state: Any, stacks: UnitStacks, stack: int) -> int:
@@ -603,9 +568,7 @@ def _gathered(tree: Any, size: int, length: int, mesh: Any) -> Any:
         if spec is None:
             return _pad(x, length)
         split = NamedSharding(mesh, spec)
-        return jax.lax.with_sharding_constraint(
-            _pad(jax.lax.with_sharding_constraint(x, split), length), split
-        )
+        return jax.lax.with_sharding_constraint(_pad(jax.lax.with_sharding_constraint(x, split), length), split)
 
     return jax.tree_util.tree_map(pad, tree)
 
@@ -621,9 +584,7 @@ def _spread_back(tree: Any, stored: Any, size: int, mesh: Any) -> Any:
         if spec is None:
             return x[: old.shape[0]]
         split = NamedSharding(mesh, spec)
-        return jax.lax.with_sharding_constraint(
-            jax.lax.with_sharding_constraint(x, split)[: old.shape[0]], split
-        )
+        return jax.lax.with_sharding_constraint(jax.lax.with_sharding_constraint(x, split)[: old.shape[0]], split)
 
     return jax.tree_util.tree_map(back, tree, stored)
 
@@ -643,9 +604,7 @@ def _zero_padding(tree: Any, size: int, sharding: NamedSharding) -> Any:
 _LOCAL: contextvars.ContextVar[bool] = contextvars.ContextVar("modopt_owner_local", default=False)
 
 
-def _on_each_owner(
-    fn: StackFn, kinds: list, pieces: list, states: list, specs: list, mesh: Any
-) -> tuple[list, list]:
+def _on_each_owner(fn: StackFn, kinds: list, pieces: list, states: list, specs: list, mesh: Any) -> tuple[list, list]:
     """`fn` run by every device on the units it owns (`jax.shard_map`): the partitioner never
     splits the per-matrix work, so it adds no collective inside it."""
 
@@ -659,11 +618,7 @@ def _on_each_owner(
 
     # Each piece's specs are a prefix of its inputs, outputs and state: all split as its stack.
     run = jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(list(specs), list(specs)),
-        out_specs=(list(specs), list(specs)),
-        check_vma=False,
+        local, mesh=mesh, in_specs=(list(specs), list(specs)), out_specs=(list(specs), list(specs)), check_vma=False
     )
     return run(pieces, states)
 
@@ -701,14 +656,7 @@ class _Move:
     unpacked there, member by member's layout; the way back is the reverse.
     """
 
-    def __init__(
-        self,
-        stacks: UnitStacks,
-        stack: int,
-        leaves: Sequence[LeafUnits | None],
-        mesh: Any,
-        stored: int | None,
-    ):
+    def __init__(self, stacks: UnitStacks, stack: int, leaves: Sequence[LeafUnits | None], mesh: Any, stored: int | None):
         self.mesh = mesh
         self.members = stacks.members[stack]
         self.leaves = [leaves[leaf] for leaf in self.members]
@@ -717,11 +665,7 @@ class _Move:
         self.size = sum(self.counts)
         self.owner_sharding, self.length = _owner_layout(self.size, mesh, stored)
         self.layouts = _common_layouts(self.leaves, self.unit_shape, mesh)
-        self.common = (
-            ()
-            if self.layouts is None
-            else tuple(a for a in mesh.axis_names if any(a in d for d in self.layouts[0]))
-        )
+        self.common = () if self.layouts is None else tuple(a for a in mesh.axis_names if any(a in d for d in self.layouts[0]))
 
     def _sharding(self, *entries: Any) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec(*entries))
@@ -736,12 +680,8 @@ class _Move:
                     x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, leaf.spec))
                 units = leaf.units.to_units(x)
                 if self.layouts is not None:
-                    units = jax.lax.with_sharding_constraint(
-                        units, self._sharding(None, *map(_entry, self.layouts[i]))
-                    )
-                    units = jax.lax.with_sharding_constraint(
-                        _pack(units, self.layouts[i], self.mesh), self._sharding(None, _entry(self.common))
-                    )
+                    units = jax.lax.with_sharding_constraint(units, self._sharding(None, *map(_entry, self.layouts[i])))
+                    units = jax.lax.with_sharding_constraint(_pack(units, self.layouts[i], self.mesh), self._sharding(None, _entry(self.common)))
                 else:  # laid out as XLA chose: gathered whole first (concatenating parts laid out apart
                     # as XLA chose gave wrong numbers on XLA:CPU: O(1) errors in Shampoo's steps)
                     units = jax.lax.with_sharding_constraint(units, self._sharding())
@@ -766,9 +706,7 @@ class _Move:
                 start += count
                 if self.layouts is not None:
                     units = _unpack(units, self.layouts[i], self.unit_shape, self.mesh)
-                    units = jax.lax.with_sharding_constraint(
-                        units, self._sharding(None, *map(_entry, self.layouts[i]))
-                    )
+                    units = jax.lax.with_sharding_constraint(units, self._sharding(None, *map(_entry, self.layouts[i])))
                 x = leaf.units.from_units(units)
                 if self.layouts is not None and leaf.spec is not None:
                     x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, leaf.spec))

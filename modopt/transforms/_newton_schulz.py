@@ -246,9 +246,7 @@ def matrix_units(shape: tuple[int, ...], axes: tuple[tuple[int, ...], ...], *, s
 # Compiled as one program also when called eagerly, so its rounding matches jitted code (the
 # iteration amplifies rounding differences in the small singular values).
 @functools.partial(jax.jit, static_argnames=("ns_steps", "preconditioning"), inline=True)
-def _newton_schulz_stack(
-    units: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any
-) -> jax.Array:
+def _newton_schulz_stack(units: jax.Array, ns_coeffs: jax.Array, ns_steps: int, preconditioning: str, eps: Any) -> jax.Array:
     return jax.vmap(lambda m: newton_schulz(m, ns_coeffs, ns_steps, preconditioning, eps))(units)
 
 
@@ -262,14 +260,10 @@ def orthogonalize(
 ) -> jax.Array:
     """`newton_schulz` on each matrix of `x` (see `matrix_units`); the result laid out as `x`."""
     units = matrix_units(x.shape, _as_stored(x.ndim, axes, preconditioning))
-    return units.from_units(
-        _newton_schulz_stack(units.to_units(x), ns_coeffs, ns_steps, preconditioning, eps)
-    )
+    return units.from_units(_newton_schulz_stack(units.to_units(x), ns_coeffs, ns_steps, preconditioning, eps))
 
 
-def _as_stored(
-    ndim: int, axes: tuple[tuple[int, ...], ...], preconditioning: str
-) -> tuple[tuple[int, ...], ...]:
+def _as_stored(ndim: int, axes: tuple[tuple[int, ...], ...], preconditioning: str) -> tuple[tuple[int, ...], ...]:
     """A matrix's axes as it is stored, whichever axis reduces: Newton-Schulz commutes with
     transposition, and so do these preconditionings (optax's order of operations, so that the
     rounding is the same; AOL scales rows, so there the orientation changes the result)."""
@@ -316,9 +310,7 @@ def orthogonalize_leaves(
         kinds.append(None if x.size == 0 else (units.unit_shape, jnp.result_type(x)))
 
     def newton_schulz_stacks(kinds, pieces, states):
-        return [
-            (_newton_schulz_stack(x, ns_coeffs, ns_steps, preconditioning, eps),) for (x,) in pieces
-        ], states
+        return [(_newton_schulz_stack(x, ns_coeffs, ns_steps, preconditioning, eps),) for (x,) in pieces], states
 
     stacks = UnitStacks(kinds, [leaf.units.count for leaf in work])
     work = [w if k is not None else None for w, k in zip(work, kinds)]
@@ -384,9 +376,7 @@ class ScaleByShape(AbstractTransform):
     weight_dimension_numbers: Any = static(default=None, converter=as_dimension_numbers)
     consistent_rms: Scalar | None = hyperparameter(None, check=fields.NONNEGATIVE)
     owner: str = static(default="muon", kw_only=True)
-    dimension_numbers_field: ClassVar[str] = (
-        "weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
-    )
+    dimension_numbers_field: ClassVar[str] = "weight_dimension_numbers"  # set from the model by `modopt.Optimizer` where None
 
     def init(self, params):
         return init_empty_state(params)

@@ -83,15 +83,17 @@ OPTIMIZERS = {
     "shampoo": (lambda: modopt.shampoo(1e-3), 1),
     "soap": (lambda: modopt.soap(3e-3), 10),
     "kron": (lambda: modopt.kron(), 1),
+    # GaLore (rank 16 of 128) refreshes its projections by SVD every 200 steps.
+    "galore": (lambda: modopt.contrib.galore(1e-3, rank=16, weight_decay=0.1), 200),
 }
 MATRIX_OPTIMIZERS = [name for name in OPTIMIZERS if name != "adamw"]
 
 # The goals: bytes received per device in units of P/N, and the two ratios.
 GOALS = {
     "communication": {
-        "fsdp": {"muon": 3, "normuon": 3, "adamuon": 3, "shampoo": 4, "soap": 4, "kron": 4},
-        "fsdp 2x2x2": {"muon": 3, "normuon": 3, "adamuon": 3, "shampoo": 4, "soap": 4, "kron": 4},
-        "tp+zero1": {"muon": 4, "normuon": 4, "adamuon": 4, "shampoo": 5, "soap": 5, "kron": 5},
+        "fsdp": {"muon": 3, "normuon": 3, "adamuon": 3, "shampoo": 4, "soap": 4, "kron": 4, "galore": 4},
+        "fsdp 2x2x2": {"muon": 3, "normuon": 3, "adamuon": 3, "shampoo": 4, "soap": 4, "kron": 4, "galore": 4},
+        "tp+zero1": {"muon": 4, "normuon": 4, "adamuon": 4, "shampoo": 5, "soap": 5, "kron": 5, "galore": 5},
     },
     "refresh": 6,
     "repeated work": 1.25,

@@ -132,6 +132,30 @@ def test_zero_splits_an_already_split_dimension_when_no_other_fits():
     assert found[".state[0].mu['v']"] == P(("model", "data"))
 
 
+def test_galore_projected_state_is_split_over_the_axes_of_the_dimension_projected_away():
+    """GaLore's moments `(rank, n)` of a left-projected matrix and its projection `(n, rank)` of
+    a right-projected one have no dimension of the parameter that FSDP splits: they take that
+    mesh axis on another dimension, so each device holds an even share (worked out by hand
+    from the shapes below, rank 16 on 8 devices)."""
+    mesh = AbstractMesh((8,), ("fsdp",))
+    params = {"tall": jnp.zeros((256, 64)), "wide": jnp.zeros((64, 256))}
+    specs = {"tall": P("fsdp", None), "wide": P("fsdp", None)}
+    optimizer = abstract_optimizer(modopt.contrib.galore(1e-3, rank=16), params)
+    layout = shardings(optimizer, specs, mesh=mesh)
+    found = specs_by_path(layout)
+    # tall (m >= n): projected on the left, P (256, 16) split like the rows; moments (16, 64)
+    # take "fsdp" on the rank axis or the columns.
+    assert found[".state[0].projector['tall']"] == P("fsdp", None)
+    assert "fsdp" in str(found[".state[0].base_optimizer_state.mu['tall']"])
+    # wide: projected on the right, moments (64, 16) split like the rows; P (256, 16) on "fsdp".
+    assert found[".state[0].base_optimizer_state.mu['wide']"] == P("fsdp", None)
+    assert "fsdp" in str(found[".state[0].projector['wide']"])
+    # Every array of 8 or more rows is split 8 ways: 16 x 256 + 2 x 16 x 64 + 2 x 64 x 16
+    # float32 elements per projection and moment pair, over 8 devices (a count stays whole).
+    state_elements = 2 * (256 * 16 + 16 * 64 * 2)
+    assert bytes_per_device(optimizer.state, layout.state) == 4 * state_elements // 8 + 2 * 4
+
+
 def test_bytes_per_device_plans_a_pod_from_abstract_values():
     """A 16x16 pod planned on this machine: the sums are checked against shapes by hand."""
     pod = AbstractMesh((16, 16), ("data", "model"))

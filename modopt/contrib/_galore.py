@@ -22,6 +22,7 @@ from .._trees import is_none
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, matrix_map, per_unit, run_per_unit, specs_of
+from ..sharding._shardings import split_further
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 from .._fields import Scalar
 from .._masks import MaskOrFn
@@ -328,11 +329,14 @@ class ScaleByGalore(AbstractWrapper):
             entries = padded(spec, len(p.shape))
             rows, columns = _group_entry(entries, layout.reduction), _group_entry(entries, layout.output)
             if layout.left:
-                projector_specs.append(PartitionSpec(rows, None))
-                proxy_specs.append(PartitionSpec(None, columns))
+                projector_spec, proxy_spec = PartitionSpec(rows, None), PartitionSpec(None, columns)
             else:
-                projector_specs.append(PartitionSpec(columns, None))
-                proxy_specs.append(PartitionSpec(rows, None))
+                projector_spec, proxy_spec = PartitionSpec(columns, None), PartitionSpec(rows, None)
+            # The rank axis is no parameter's: the mesh axes that split the dimension projected
+            # away split it (or the other dimension) instead, so that no device holds it all.
+            axes = tuple(name for entry in entries if entry is not None for name in ((entry,) if isinstance(entry, str) else entry))
+            projector_specs.append(split_further(projector_spec, layout.projector_shape(), axes))
+            proxy_specs.append(split_further(proxy_spec, layout.proxy_shape(), axes))
         proxies = jax.eval_shape(lambda: self._proxies_and_projectors(params)[0])
         return GaLoreState(
             count=REPLICATED,

@@ -30,4 +30,5 @@ from ._owners import spread_spec as spread_spec
 from ._shardings import Layout as Layout
 from ._shardings import bytes_per_device as bytes_per_device
 from ._shardings import shardings as shardings
+from ._shardings import split_further as split_further
 from ._shardings import unpadded as unpadded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 from typing import Any
@@ -198,10 +199,10 @@ def derive_layout(
     if zero_axis is not None and zero_axis not in mesh.shape:
         raise ValueError(f"zero_axis={zero_axis!r} is not an axis of the mesh, whose axes are {tuple(mesh.axis_names)}.")
     if groups is None:
-        state_specs = _state_specs(tx, signature.params(), param_specs)
+        state_specs = _state_specs(tx, signature.params(), param_specs, mesh)
     else:
         seen = jax.eval_shape(groups.pack, signature.params())
-        state_specs = _state_specs(tx, seen, groups.pack_specs(param_specs, is_spec))
+        state_specs = _state_specs(tx, seen, groups.pack_specs(param_specs, is_spec), mesh)
     state_def = jax.tree_util.tree_structure(state)
     if jax.tree_util.tree_structure(state_specs, is_leaf=is_spec) != state_def:
         raise ValueError(
@@ -272,11 +273,46 @@ def unpadded(optimizer: Any) -> Any:
     return optimizer._replace(state=treedef.unflatten(trimmed))
 
 
-def _state_specs(tx: Any, params: Any, param_specs: Any) -> Any:
-    """`tx.state_specs(...)`, also for an abstract `tx` (from `jax.eval_shape`).
+_MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("modopt_layout_mesh", default=None)
+
+
+def split_further(spec: PartitionSpec, shape: tuple[int, ...], axes: tuple[str, ...]) -> PartitionSpec:
+    """`spec`, further split over the mesh axes `axes` (ZeRO-1's way: each on the largest
+    dimension of `shape` it divides, if any) when `modopt.sharding` lays the state out on a mesh;
+    `spec` itself otherwise.
+
+    For a `state_specs` rule whose state has dimensions no parameter has (a projection's rank):
+    the mesh axes that split the parameter along a dimension the state lacks would otherwise
+    leave every device holding the whole state along them.
+
+    Args:
+        spec: the state leaf's spec from the parameter's.
+        shape: the state leaf's shape.
+        axes: the mesh axes to split it over too, where a dimension allows.
+    """
+    mesh = _MESH.get()
+    if mesh is None:
+        return spec
+    for axis in axes:
+        if axis in mesh.shape:
+            spec = _with_axis(spec, tuple(shape), axis, mesh)
+    return spec
+
+
+def _state_specs(tx: Any, params: Any, param_specs: Any, mesh: Any = None) -> Any:
+    """`tx.state_specs(...)`, also for an abstract `tx` (from `jax.eval_shape`); with `mesh`,
+    the rules that place state of their own shape (`split_further`) see its axes.
 
     Rules depend on structure, not on hyperparameter values: an abstract `tx` is traced.
     """
+    token = _MESH.set(mesh)
+    try:
+        return _rules_of(tx, params, param_specs)
+    finally:
+        _MESH.reset(token)
+
+
+def _rules_of(tx: Any, params: Any, param_specs: Any) -> Any:
     if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tx)):
         return tx.state_specs(params, param_specs)
     arrays, other = eqx.partition(tx, lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))

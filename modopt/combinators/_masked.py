@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._fields import as_static_tree, resolve_tree, static
-from .._masks import MaskOrFn
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform
+from .._core.fields import as_static_tree, resolve_tree, static
+from .._core.masks import MaskOrFn
 
 
 class MaskedNode(NamedTuple):

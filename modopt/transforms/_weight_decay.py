@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState, require_params
-from .._numerics import is_concrete_zero, safe_increment
-from .._trees import map_updates
+from .._core.base import AbstractTransform, EmptyState, require_params
+from .._util.numerics import is_concrete_zero, safe_increment
+from .._util.trees import map_updates
 from ..combinators._masked import Masked
 from ..schedules._base import ScalarOrSchedule, is_schedule
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class WeightDecaySchedule(NamedTuple):

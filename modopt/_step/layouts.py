@@ -21,7 +21,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .transforms._newton_schulz import MuonDimensionNumbers, dimension_numbers_per_leaf, matrix_axes, shape_of
+from ..transforms._newton_schulz import MuonDimensionNumbers, dimension_numbers_per_leaf, matrix_axes, shape_of
 
 # A rule: a leaf's shape -> its `MuonDimensionNumbers`, None where it is no weight matrix (a
 # layer's bias: Adam's, whatever its rank), or `_UNKNOWN` where the layer does not tell.

@@ -19,18 +19,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._extra_args import ExtraArg
-from ._fields import pretty, static, tree_hash, validate_hyperparameters
-from ._module import Module
-from ._specs import follow_params
+from .extra_args import ExtraArg
+from .fields import pretty, static, tree_hash, validate_hyperparameters
+from .module import Module
+from .specs import follow_params
+from .types import OptState, Params, PyTree, Updates
 
-PyTree = Any
-Params = Any
-"""A pytree of parameter arrays (a model, a dict of arrays...)."""
-Updates = Any
-"""A pytree of updates (gradients at first), with the structure and shapes of the params."""
-OptState = Any
-"""A transform's state: a pytree of arrays (a named tuple of each transform's fields)."""
 TransformInitFn = Callable[[Params], OptState]
 """`init(params) -> state`."""
 TransformUpdateFn = Callable[..., tuple[Updates, OptState]]

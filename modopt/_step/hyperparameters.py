@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._base import AbstractTransform
-from ._checks import warn_user
-from ._fields import Rate, as_hyperparameter, as_rate, complex_violation, field_identity, hyperparameter_names
-from ._fields import validate_hyperparameters
-from ._module import Constant, constant_at
-from .schedules._base import AbstractSchedule, as_schedule, is_schedule
-from .schedules._exact import is_traced
-from .schedules._schedules import ConstantSchedule
+from .._core.base import AbstractTransform
+from .._core.checks import warn_user
+from .._core.fields import Rate, as_hyperparameter, as_rate, complex_violation, field_identity, hyperparameter_names
+from .._core.fields import validate_hyperparameters
+from .._core.module import Constant, constant_at
+from ..schedules._base import AbstractSchedule, as_schedule, is_schedule
+from ..schedules._exact import is_traced
+from ..schedules._schedules import ConstantSchedule
 
 
 def hyperparameters(tx: AbstractTransform) -> dict[str, Any]:

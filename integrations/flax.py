@@ -28,18 +28,14 @@ except ImportError as error:
     raise ImportError("modopt.integrations.flax needs flax: pip install 'modopt[flax]'") from error
 
 import modopt
-from modopt._core.base import owned_init, owned_transform
+from modopt._core.base import owned_init, owned_transform, single_learning_rate
 from modopt._core.checks import align_gradients, check_state
 from modopt._core.declared import adapt_to_params, check_extra_args
-from modopt._step.grouping import packed, plan_groups, update_in_layout
-from modopt._step.layouts import with_model_layout
-from modopt._step.hyperparameters import (
-    hyperparameters_with_state,
-    set_hyperparameters_with_state,
-    single_learning_rate,
-)
 from modopt._state.compensated import AbstractCompensation, make_compensation
 from modopt._state.offload import check_memory_kind, to_device, to_host, with_memory_kind
+from modopt._step.grouping import packed, plan_groups, update_in_layout
+from modopt._step.hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
+from modopt._step.layouts import with_model_layout
 from modopt._step.optimizer import _check_reduced, _zeros
 from modopt.sharding._shardings import params_layout
 

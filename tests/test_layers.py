@@ -25,7 +25,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_core",),  # the transform protocol: Module, fields, AbstractTransform, specs, extra args, masks
     ("schedules", "fields"),  # schedules: modules whose fields are hyperparameters
     ("_state",),  # how state is stored: moments, 8 bits, compensation, host memory, its size
-    ("linalg", "projections", "losses", "perturbations", "monte_carlo", "assignment", "microbatching", "second_order"),
+    (
+        "linalg",
+        "projections",
+        "losses",
+        "perturbations",
+        "monte_carlo",
+        "assignment",
+        "microbatching",
+        "second_order",
+    ),
     ("sharding",),  # state specs on a mesh, per-matrix owners
     ("transforms",),
     ("combinators",),  # transforms built from transforms
@@ -114,7 +123,9 @@ def test_every_folder_has_one_layer():
     names = {_layer(module) for module in modules}
     placed = [name for names in LAYERS for name in names]
     assert len(placed) == len(set(placed)), "a name is in two layers"
-    assert names - set(placed) == set(), f"not in LAYERS (place each in a layer): {sorted(names - set(placed))}"
+    assert names - set(placed) == set(), (
+        f"not in LAYERS (place each in a layer): {sorted(names - set(placed))}"
+    )
     assert set(placed) - names == set(), f"in LAYERS but not in modopt/: {sorted(set(placed) - names)}"
 
 
@@ -123,7 +134,11 @@ def test_no_import_from_a_higher_layer():
     upward = {}  # (module, line) -> the module it imports there (not the packages on the way)
     for name, edges in graph.items():
         for target, line in edges:
-            if _layer(name) in LEVEL and _layer(target) in LEVEL and LEVEL[_layer(target)] > LEVEL[_layer(name)]:
+            if (
+                _layer(name) in LEVEL
+                and _layer(target) in LEVEL
+                and LEVEL[_layer(target)] > LEVEL[_layer(name)]
+            ):
                 upward[name, line] = max(upward.get((name, line), ""), target, key=len)
     upward = [
         f"{_where(modules, name, line)}: {name} ({_layer(name)!r}) imports {target} ({_layer(target)!r})"

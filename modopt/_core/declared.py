@@ -35,8 +35,6 @@ def declared_extra_args(tx: Any) -> Declared:
     Args:
         tx: a transform, possibly a composition of others.
     """
-    from .base import AbstractComposite, AbstractTransform, FromOptax
-
     args: dict[str, tuple[ExtraArg, tuple[str, ...]]] = {}
     is_open = False
 
@@ -86,7 +84,9 @@ def _optax_extra_args(tx: Any) -> tuple[list[ExtraArg], bool]:
     except (TypeError, ValueError):
         return [], False
     specs = [
-        ExtraArg(p.name, "an extra argument of this optax transform", required=p.default is inspect.Parameter.empty)
+        ExtraArg(
+            p.name, "an extra argument of this optax transform", required=p.default is inspect.Parameter.empty
+        )
         for p in parameters
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     ]
@@ -117,7 +117,10 @@ def check_extra_args(tx: Any, given: Mapping[str, Any], where: str) -> Declared:
 
 
 def adapt_to_params(
-    declared: Declared, given: Mapping[str, Any], to_model: Callable[[Any], Any], to_params: Callable[[Any], Any]
+    declared: Declared,
+    given: Mapping[str, Any],
+    to_model: Callable[[Any], Any],
+    to_params: Callable[[Any], Any],
 ) -> dict[str, Any]:
     """`given`, written for the model, as the transform needs it for the trained parameters.
 

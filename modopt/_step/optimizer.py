@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core.base import AbstractTransform, owned_init, owned_transform
+from .._core.base import AbstractTransform, owned_init, owned_transform, single_learning_rate
 from .._core.checks import align_gradients
 from .._state.compensated import AbstractCompensation, make_compensation
 from .._core.module import Module
@@ -25,7 +25,7 @@ from .._core.fields import (
 )
 from .grouping import LeafGroups, packed, plan_groups, update_in_layout
 from .layouts import with_model_layout
-from .hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state, single_learning_rate
+from .hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
 from .._util.numerics import safe_increment
 from .._state.offload import check_memory_kind, to_device, to_host
 from .._state.signature import ModelSignature

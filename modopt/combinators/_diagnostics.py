@@ -7,8 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._core.base import AbstractTransform, AbstractWrapper, OptState, inner_transform
-from .._step.hyperparameters import single_learning_rate
+from .._core.base import AbstractTransform, AbstractWrapper, OptState, inner_transform, single_learning_rate
 from .._util.numerics import safe_increment
 from .._util.trees import global_norm
 

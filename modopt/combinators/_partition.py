@@ -10,7 +10,8 @@ import jax
 
 from .._core.base import AbstractTransform, Part, as_transform
 from .._core.fields import as_static_tree, resolve_tree, static
-from ._masked import Masked, MaskedState, stands_in_for_params
+from .._core.masking import MaskedState, stands_in_for_params
+from ._masked import Masked
 
 
 class PartitionState(NamedTuple):

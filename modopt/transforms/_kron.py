@@ -22,7 +22,7 @@ from .._state.moments import (
     widened_update_moment,
 )
 from .._util.numerics import safe_increment
-from .._step.layouts import kernel_views
+from ._kernel_views import kernel_views
 from .._core.specs import OWNED, REPLICATED
 from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, per_unit, run_per_unit, specs_of, whole_map
 from .._util.trees import cast_like

@@ -26,7 +26,7 @@ from .._core.fields import (
 from .._core.fields import Scalar
 from .._state.moments import init_state, update_dtype, widen
 from .._util.numerics import overflow_exponent, safe_increment, scaled_norm
-from .._step.layouts import kernel_views
+from ._kernel_views import kernel_views
 from .._core.specs import OWNED, REPLICATED
 from .._core.specs import padded as spec_entries
 from ..linalg import matrix_inverse_pth_root

@@ -8,7 +8,7 @@ of `modopt.a` too. A module's layer is the one of its top-level name under `modo
 folder (`_core`, `transforms`), or the module itself for a file at the root (`fields` for
 `fields.py`); `""` is the package root, `modopt/__init__.py`.
 
-docs/development.md ("Layout of the code") says what each layer holds.
+docs/development.md ("Layout") says what each layer holds.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_core",),  # the transform protocol: Module, fields, AbstractTransform, specs, extra args, masks
     ("schedules", "fields"),  # schedules: modules whose fields are hyperparameters
     ("_state",),  # how state is stored: moments, 8 bits, compensation, host memory, its size
-    (
+    (  # functions by family
         "linalg",
         "projections",
         "losses",

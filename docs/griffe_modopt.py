@@ -26,7 +26,7 @@ the fields). Inspection needs these repairs:
   (`b1: Scalar = 0.9`, `learning_rate: ScalarOrSchedule`), not the annotation Equinox takes
   from the field's converter (`Any`), and a parameter annotated with a public alias
   (`ScalarOrSchedule`) shows the alias's name, not the `Union[...]` it stands for.
-- No page shows a private path (`modopt._base.AbstractComposite`,
+- No page shows a private path (`modopt._core.base.AbstractComposite`,
   `equinox._module._module.Module`, `jax.jaxlib._jax.Array`): class bases and the names in
   annotations are given their public path (`modopt.AbstractComposite`, `equinox.Module`,
   `jax.Array`), a private base is replaced by its own bases, and a name with no public path is
@@ -101,7 +101,7 @@ def _is_private(path: str) -> bool:
 
 
 def locate(path: str) -> Any:
-    """The Python object at a dotted path (`modopt._base.AbstractComposite`), or `_MISSING`."""
+    """The Python object at a dotted path (`modopt._core.base.AbstractComposite`), or `_MISSING`."""
     parts = path.split(".")
     for stop in range(len(parts), 0, -1):
         try:

@@ -47,11 +47,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from modopt._base import AbstractTransform
-from modopt._hyperparameters import _hyperparameter_index, _state_index
-from modopt._module import Constant
-from modopt._optimizer import Optimizer
-from modopt._quantization import QuantizedArray
+from modopt._core.base import AbstractTransform
+from modopt._step.hyperparameters import _hyperparameter_index, _state_index
+from modopt._core.module import Constant
+from modopt._step.optimizer import Optimizer
+from modopt._state.quantization import QuantizedArray
 from modopt.sharding._shardings import owned_units
 
 

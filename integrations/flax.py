@@ -28,19 +28,15 @@ except ImportError as error:
     raise ImportError("modopt.integrations.flax needs flax: pip install 'modopt[flax]'") from error
 
 import modopt
-from modopt._base import owned_init, owned_transform
-from modopt._checks import align_gradients, check_state
-from modopt._extra_args import adapt_to_params, check_extra_args
-from modopt._grouping import packed, plan_groups, update_in_layout
-from modopt._layouts import with_model_layout
-from modopt._hyperparameters import (
-    hyperparameters_with_state,
-    set_hyperparameters_with_state,
-    single_learning_rate,
-)
-from modopt._compensated import AbstractCompensation, make_compensation
-from modopt._offload import check_memory_kind, to_device, to_host, with_memory_kind
-from modopt._optimizer import _check_reduced, _zeros
+from modopt._core.base import owned_init, owned_transform, single_learning_rate
+from modopt._core.checks import align_gradients, check_state
+from modopt._core.declared import adapt_to_params, check_extra_args
+from modopt._state.compensated import AbstractCompensation, make_compensation
+from modopt._state.offload import check_memory_kind, to_device, to_host, with_memory_kind
+from modopt._step.grouping import packed, plan_groups, update_in_layout
+from modopt._step.hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
+from modopt._step.layouts import with_model_layout
+from modopt._step.optimizer import _check_reduced, _zeros
 from modopt.sharding._shardings import params_layout
 
 __all__ = ["Hyperparameter", "NnxOptimizer", "TrainState", "param_shardings", "state_shardings"]

@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._lock import WriterLock, _abandoned, _read
-from modopt._module import Constant
+from modopt._core.module import Constant
 
 from ._records import (
     CheckpointError,

@@ -5,6 +5,9 @@ Every transform is an `equinox.Module` whose fields are its hyperparameters, wit
 protocol). `modopt.Optimizer` wraps one with its state for `optimizer.step(model, grads)`.
 """
 
+import importlib as _importlib
+import sys as _sys
+
 from . import assignment as assignment
 from . import combinators as combinators
 from . import contrib as contrib
@@ -24,71 +27,71 @@ from . import transforms as transforms
 from . import trax as trax
 from . import tree as tree
 from . import tree_utils as tree_utils
-from ._base import AbstractComposite as AbstractComposite
-from ._base import AbstractTransform as AbstractTransform
-from ._base import AbstractWrapper as AbstractWrapper
-from ._base import EmptyState as EmptyState
-from ._base import FromOptax as FromOptax
-from ._base import GradientTransformation as GradientTransformation
-from ._base import GradientTransformationExtraArgs as GradientTransformationExtraArgs
-from ._base import OptState as OptState
-from ._base import Params as Params
-from ._base import TransformInitFn as TransformInitFn
-from ._base import TransformUpdateExtraArgsFn as TransformUpdateExtraArgsFn
-from ._base import TransformUpdateFn as TransformUpdateFn
-from ._base import Updates as Updates
-from ._base import from_optax as from_optax
-from ._base import init_empty_state as init_empty_state
-from ._base import inner_transform as inner_transform
-from ._base import with_extra_args_support as with_extra_args_support
-from ._checks import check_state as check_state
-from ._fields import Scalar as Scalar
-from ._extra_args import ExtraArg as ExtraArg
-from ._extra_args import declared_extra_args as declared_extra_args
-from ._extra_args import extra_arg as extra_arg
-from ._fields import NONNEGATIVE as NONNEGATIVE
-from ._fields import POSITIVE as POSITIVE
-from ._fields import PROBABILITY_EXCLUSIVE as PROBABILITY_EXCLUSIVE
-from ._fields import UNIT as UNIT
-from ._fields import Check as Check
-from ._fields import Rate as Rate
-from ._fields import hyperparameter as hyperparameter
-from ._fields import interval as interval
-from ._fields import prng_key as prng_key
-from ._fields import rate as rate
-from ._fields import static as static
-from ._hyperparameters import hyperparameters as hyperparameters
-from ._hyperparameters import set_hyperparameters as set_hyperparameters
-from ._jit_step import jit_step as jit_step
-from ._moments import bias_correction as bias_correction
-from ._moments import update_infinity_moment as update_infinity_moment
-from ._moments import update_moment as update_moment
-from ._moments import update_moment_per_elem_norm as update_moment_per_elem_norm
-from ._numerics import abs_sq as abs_sq
-from ._numerics import global_norm as global_norm
-from ._numerics import safe_increment as safe_increment
-from ._numerics import safe_int32_increment as safe_int32_increment
-from ._numerics import safe_norm as safe_norm
-from ._numerics import safe_root_mean_squares as safe_root_mean_squares
-from ._masks import MaskOrFn as MaskOrFn
-from ._masks import WeightDecayMask as WeightDecayMask
-from ._masks import weight_decay_mask as weight_decay_mask
-from ._layouts import dimension_numbers as dimension_numbers
-from ._optimizer import Optimizer as Optimizer
-from ._quantization import QuantizedArray as QuantizedArray
-from ._quantization import quantize_blockwise as quantize_blockwise
-from ._state_report import StateMemoryWarning as StateMemoryWarning
-from ._state_report import StateReport as StateReport
-from ._state_report import state_bytes as state_bytes
-from ._compensated import AbstractCompensation as AbstractCompensation
-from ._compensated import KahanCompensation as KahanCompensation
-from ._compensated import StochasticRounding as StochasticRounding
-from ._compensated import apply_updates_kahan as apply_updates_kahan
-from ._compensated import kahan_compensation as kahan_compensation
-from ._updates import apply_updates as apply_updates
-from ._updates import incremental_update as incremental_update
-from ._updates import periodic_update as periodic_update
-from ._value_and_grad import value_and_grad_from_state as value_and_grad_from_state
+from ._core.base import AbstractComposite as AbstractComposite
+from ._core.base import AbstractTransform as AbstractTransform
+from ._core.base import AbstractWrapper as AbstractWrapper
+from ._core.base import EmptyState as EmptyState
+from ._core.base import FromOptax as FromOptax
+from ._core.base import GradientTransformation as GradientTransformation
+from ._core.base import GradientTransformationExtraArgs as GradientTransformationExtraArgs
+from ._core.base import OptState as OptState
+from ._core.base import Params as Params
+from ._core.base import TransformInitFn as TransformInitFn
+from ._core.base import TransformUpdateExtraArgsFn as TransformUpdateExtraArgsFn
+from ._core.base import TransformUpdateFn as TransformUpdateFn
+from ._core.base import Updates as Updates
+from ._core.base import from_optax as from_optax
+from ._core.base import init_empty_state as init_empty_state
+from ._core.base import inner_transform as inner_transform
+from ._core.base import with_extra_args_support as with_extra_args_support
+from ._core.checks import check_state as check_state
+from ._core.fields import Scalar as Scalar
+from ._core.extra_args import ExtraArg as ExtraArg
+from ._core.declared import declared_extra_args as declared_extra_args
+from ._core.extra_args import extra_arg as extra_arg
+from ._core.fields import NONNEGATIVE as NONNEGATIVE
+from ._core.fields import POSITIVE as POSITIVE
+from ._core.fields import PROBABILITY_EXCLUSIVE as PROBABILITY_EXCLUSIVE
+from ._core.fields import UNIT as UNIT
+from ._core.fields import Check as Check
+from ._core.fields import Rate as Rate
+from ._core.fields import hyperparameter as hyperparameter
+from ._core.fields import interval as interval
+from ._core.fields import prng_key as prng_key
+from ._core.fields import rate as rate
+from ._core.fields import static as static
+from ._step.hyperparameters import hyperparameters as hyperparameters
+from ._step.hyperparameters import set_hyperparameters as set_hyperparameters
+from ._step.jit_step import jit_step as jit_step
+from ._state.moments import bias_correction as bias_correction
+from ._state.moments import update_infinity_moment as update_infinity_moment
+from ._state.moments import update_moment as update_moment
+from ._state.moments import update_moment_per_elem_norm as update_moment_per_elem_norm
+from ._util.numerics import abs_sq as abs_sq
+from ._util.numerics import global_norm as global_norm
+from ._util.numerics import safe_increment as safe_increment
+from ._util.numerics import safe_int32_increment as safe_int32_increment
+from ._util.numerics import safe_norm as safe_norm
+from ._util.numerics import safe_root_mean_squares as safe_root_mean_squares
+from ._core.masks import MaskOrFn as MaskOrFn
+from ._core.masks import WeightDecayMask as WeightDecayMask
+from ._core.masks import weight_decay_mask as weight_decay_mask
+from ._step.layouts import dimension_numbers as dimension_numbers
+from ._step.optimizer import Optimizer as Optimizer
+from ._state.quantization import QuantizedArray as QuantizedArray
+from ._state.quantization import quantize_blockwise as quantize_blockwise
+from ._state.report import StateMemoryWarning as StateMemoryWarning
+from ._state.report import StateReport as StateReport
+from ._state.report import state_bytes as state_bytes
+from ._state.compensated import AbstractCompensation as AbstractCompensation
+from ._state.compensated import KahanCompensation as KahanCompensation
+from ._state.compensated import StochasticRounding as StochasticRounding
+from ._state.compensated import apply_updates_kahan as apply_updates_kahan
+from ._state.compensated import kahan_compensation as kahan_compensation
+from ._state.updates import apply_updates as apply_updates
+from ._state.updates import incremental_update as incremental_update
+from ._state.updates import periodic_update as periodic_update
+from ._step.value_and_grad import value_and_grad_from_state as value_and_grad_from_state
 from .combinators import *  # noqa: F403
 from .linalg import matrix_inverse_pth_root as matrix_inverse_pth_root
 from .linalg import nnls as nnls
@@ -125,5 +128,46 @@ from .schedules import *  # noqa: F403
 from .transforms import *  # noqa: F403
 
 tree_map_params = tree.map_params  # optax.tree_map_params
+
+# optax.transforms and optax.schedules also hold some combinators (`chain`, `masked`,
+# `inject_hyperparams`...). They live in modopt.combinators, a layer above both packages (which
+# may not import it): they are set on them here, once all three are imported.
+for _namespace in (transforms, schedules):
+    for _name in _namespace._FROM_COMBINATORS:
+        setattr(_namespace, _name, getattr(combinators, _name))
+del _namespace, _name
+
+# Objects pickled before the private modules moved into their layer folders name the modules
+# their classes were in (`modopt._base.EmptyState`, `modopt._optimizer.Optimizer`): each old
+# name is the module at its new place, so that such pickles still load.
+for _old, _new in {
+    "_base": "_core.base",
+    "_checks": "_core.checks",
+    "_extra_args": "_core.extra_args",
+    "_fields": "_core.fields",
+    "_masks": "_core.masks",
+    "_module": "_core.module",
+    "_specs": "_core.specs",
+    "_compensated": "_state.compensated",
+    "_moments": "_state.moments",
+    "_offload": "_state.offload",
+    "_quantization": "_state.quantization",
+    "_signature": "_state.signature",
+    "_state_report": "_state.report",
+    "_state_roles": "_state.roles",
+    "_updates": "_state.updates",
+    "_grouping": "_step.grouping",
+    "_hyperparameters": "_step.hyperparameters",
+    "_jit_step": "_step.jit_step",
+    "_layouts": "_step.layouts",
+    "_optimizer": "_step.optimizer",
+    "_value_and_grad": "_step.value_and_grad",
+    "_numerics": "_util.numerics",
+    "_threefry": "_util.threefry",
+    "_trees": "_util.trees",
+    "_optax_names": "catalog._optax_names",
+}.items():
+    _sys.modules.setdefault(f"{__name__}.{_old}", _importlib.import_module(f"{__name__}.{_new}"))
+del _old, _new
 
 __version__ = "0.1.0"

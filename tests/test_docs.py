@@ -300,7 +300,7 @@ def griffe_modopt():
 
 def test_pages_show_public_paths(griffe_modopt):
     """No class base or annotation on the pages names a private module
-    (`modopt._base.AbstractComposite`, `equinox._module._module.Module`)."""
+    (`modopt._core.base.AbstractComposite`, `equinox._module._module.Module`)."""
     extension, package = griffe_modopt
     assert extension.private_paths(package) == []
     assert package["Adam"].bases == ["modopt.AbstractComposite"]

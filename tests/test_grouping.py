@@ -17,7 +17,7 @@ from registry import ENTRIES
 from test_registry import assert_trees_close, quadratic
 
 import modopt
-from modopt import _grouping
+from modopt._step import grouping as _grouping
 
 
 def small_params(count=10, dtype=jnp.float32):

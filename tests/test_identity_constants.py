@@ -19,9 +19,9 @@ import pytest
 from registry import ENTRIES
 
 import modopt
-from modopt._fields import field_identity
-from modopt._hyperparameters import _hyperparameter_index
-from modopt._module import Constant
+from modopt._core.fields import field_identity
+from modopt._step.hyperparameters import _hyperparameter_index
+from modopt._core.module import Constant
 
 PARAMS = {"w": jnp.linspace(-1.0, 1.0, 12).reshape(3, 4), "b": jnp.array([0.5, -0.25, 2.0])}
 GRADS = jax.tree.map(lambda p: 0.1 * jnp.cos(3 * p), PARAMS)

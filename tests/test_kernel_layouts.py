@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 import modopt
-from modopt._layouts import with_model_layout
+from modopt._step.layouts import with_model_layout
 from modopt.contrib import MuonDimensionNumbers
 from modopt.integrations.flax import NnxOptimizer
 

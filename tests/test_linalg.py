@@ -17,7 +17,7 @@ import optax
 import pytest
 
 import modopt
-from modopt import _numerics
+from modopt._util import numerics as _numerics
 from modopt.linalg import _matrix_root, _power_iteration, matrix_inverse_pth_root, power_iteration
 
 INT32_MAX = np.iinfo(np.int32).max

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 import modopt
-from modopt._extra_args import ExtraArg
+from modopt._core.extra_args import ExtraArg
 
 # ---- scale_gradient ------------------------------------------------------------------------
 

@@ -304,7 +304,7 @@ def test_soap_state_of_a_short_stack_is_split_inside_its_units():
     keep their moments unpadded and split over every device; the other stacks are padded to 8 on
     their owners. The most state one device holds is then within 1.15 of an even split of the
     state without padding (it was 1.18 with the moments padded too)."""
-    from modopt._signature import ModelSignature
+    from modopt._state.signature import ModelSignature
     from modopt.sharding._shardings import derive_layout
 
     width = 64

@@ -1,7 +1,7 @@
 """`quantized_state` keeps moments in 8 bits, chosen by their role, over the whole registry.
 
 1. Every state type that a registry entry's state holds with floating arrays has its moments
-   declared (`modopt._state_roles.MOMENTS`, possibly none), naming fields it has: a new
+   declared (`modopt._state.roles.MOMENTS`, possibly none), naming fields it has: a new
    transform cannot slip through with its statistics quantized because of their shape, nor
    with its moments silently kept in float32.
 2. For entries holding every state type between them: `quantized_state(tx, min_size=1)`
@@ -26,7 +26,7 @@ from registry import ENTRIES, Entry
 from test_registry import make_grads, make_params, quadratic
 
 import modopt
-from modopt._state_roles import MOMENTS, is_state_type, moment_mask
+from modopt._state.roles import MOMENTS, is_state_type, moment_mask
 
 HALF_STEP = 0.00704  # the largest half gap of the dynamic tables, relative to the block's scale
 
@@ -72,7 +72,7 @@ def test_every_state_type_with_arrays_declares_its_moments():
                 undeclared.add(f"{name} (in {entry})")
             elif not set(MOMENTS[name]) <= fields:
                 wrong_fields.add(f"{name}: {set(MOMENTS[name]) - fields}")
-    assert not undeclared, f"state types without declared moments (modopt._state_roles.MOMENTS): {sorted(undeclared)}"
+    assert not undeclared, f"state types without declared moments (modopt._state.roles.MOMENTS): {sorted(undeclared)}"
     assert not wrong_fields, f"declared moments that are no field of the state type: {sorted(wrong_fields)}"
 
 

@@ -153,7 +153,7 @@ def test_non_finite_elements_do_not_enter_their_block_scale():
     np.testing.assert_array_equal(np.asarray(q.codes)[others], np.asarray(reference.codes)[others])
     np.testing.assert_array_equal(np.asarray(q.scales), np.asarray(reference.scales))  # -3: signed, largest |x| 3
     back = np.asarray(q.dequantize())
-    most_negative = float(modopt._quantization.dynamic_map(True)[0])
+    most_negative = float(modopt._state.quantization.dynamic_map(True)[0])
     np.testing.assert_allclose(back[[10, 20, 30]], [3.0, 3.0 * most_negative, 0.0], rtol=1e-6)
 
 

@@ -143,8 +143,8 @@ def jitted_update(tx, grads, state, params, entry):
 def crosses_identity(tx, name, value) -> bool:
     """Whether `set(name=value)` moves the hyperparameter to or from the identity its field
     declares (`modopt.fields.hyperparameter`): the one change that compiles the step again."""
-    from modopt._fields import field_identity
-    from modopt._hyperparameters import _hyperparameter_index
+    from modopt._core.fields import field_identity
+    from modopt._step.hyperparameters import _hyperparameter_index
 
     _, _, field = _hyperparameter_index(tx, all_paths=True, with_fields=True)[name]
     identity = None if field is None else field_identity(field)
@@ -180,7 +180,7 @@ def test_steps_parity_one_trace_and_orbax_resume(entry: Entry, tmp_path):
 
     optax's steps are computed jitted (eagerly where a reference computes in NumPy), its
     initial state eagerly."""
-    from modopt._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
+    from modopt._step.hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
     from modopt.integrations.orbax import CheckpointManager
 
     params = make_params()

@@ -39,8 +39,8 @@ from registry import ENTRIES, Entry
 from test_registry import SHAPES, make_grads, make_params, quadratic
 
 import modopt
-from modopt._base import AbstractComposite
-from modopt._fields import canonical_dtype, dtype_field_names, validate_hyperparameters
+from modopt._core.base import AbstractComposite
+from modopt._core.fields import canonical_dtype, dtype_field_names, validate_hyperparameters
 
 STEPS = 2  # the second step reads the state the first stored
 # Three leaves (a vector, a small matrix, one large enough for Adafactor's factors and Shampoo's

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import modopt
-from modopt import _state_report
+from modopt._state import report as _state_report
 
 
 class _Net(eqx.Module):

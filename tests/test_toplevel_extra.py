@@ -465,8 +465,8 @@ def test_callable_pytree_and_equinox_module_masks_are_trees():
     updates, _ = tx.update(jax.tree.map(jnp.zeros_like, net), tx.init(net), net)
     np.testing.assert_array_equal(updates.weight, 0.5) and np.testing.assert_array_equal(updates.bias, 0.0)
     # A function stays a function, also an Equinox module whose leaves are functions.
-    assert modopt._fields._is_function(lambda p: p) and modopt._fields._is_function(modopt.weight_decay_mask)
-    assert not modopt._fields._is_function(mask) and not modopt._fields._is_function(_CallableTree(False))
+    assert modopt._core.fields._is_function(lambda p: p) and modopt._core.fields._is_function(modopt.weight_decay_mask)
+    assert not modopt._core.fields._is_function(mask) and not modopt._core.fields._is_function(_CallableTree(False))
 
 
 # --------------------------------------------------------------------------------------------

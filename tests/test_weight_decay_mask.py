@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import modopt
-from modopt import _masks
+from modopt._core import masks as _masks
 
 
 def _model():

@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, AbstractWrapper, Params, Updates, inner_transform
-from .._fields import POSITIVE_INTEGER, hyperparameter, static
-from .._numerics import safe_increment
-from .._trees import cast_like, map_updates, zeros_like
+from .._core.base import AbstractTransform, AbstractWrapper, Params, Updates, inner_transform
+from .._core.fields import POSITIVE_INTEGER, hyperparameter, static
+from .._util.numerics import safe_increment
+from .._util.trees import cast_like, map_updates, zeros_like
 from ..schedules._base import ScalarOrSchedule, scalar_or_schedule, value_at
-from .._fields import Scalar
-from .._moments import in_update_dtype, init_state, store, widen
+from .._core.fields import Scalar
+from .._state.moments import in_update_dtype, init_state, store, widen
 from jax.typing import DTypeLike
 
 # Counts of steps given as hyperparameters: whole numbers (as Python ints or integer arrays).

@@ -7,10 +7,10 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._fields import POSITIVE, hyperparameter, static
-from .._trees import map_updates
-from .._fields import Scalar
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform
+from .._core.fields import POSITIVE, hyperparameter, static
+from .._util.trees import map_updates
+from .._core.fields import Scalar
 
 
 class CautiousState(NamedTuple):

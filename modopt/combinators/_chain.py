@@ -6,8 +6,8 @@ import operator
 from collections import OrderedDict
 from typing import Any
 
-from .._base import AbstractTransform, Part, as_transform, parts_act_elementwise
-from .._fields import static
+from .._core.base import AbstractTransform, Part, as_transform, parts_act_elementwise
+from .._core.fields import static
 
 
 class Chain(AbstractTransform):

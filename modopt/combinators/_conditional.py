@@ -9,9 +9,9 @@ from typing import Any, NamedTuple, Protocol
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._fields import static
-from .._numerics import safe_increment
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform
+from .._core.fields import static
+from .._util.numerics import safe_increment
 from ._accumulate import same_types, zeros_like_output
 
 

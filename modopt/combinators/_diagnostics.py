@@ -7,10 +7,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, AbstractWrapper, OptState, inner_transform
-from .._hyperparameters import single_learning_rate
-from .._numerics import safe_increment
-from .._trees import global_norm
+from .._core.base import AbstractTransform, AbstractWrapper, OptState, inner_transform, single_learning_rate
+from .._util.numerics import safe_increment
+from .._util.trees import global_norm
 
 
 class DiagnosticsState(NamedTuple):

@@ -8,11 +8,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._fields import NONNEGATIVE_INTEGER, hyperparameter
-from .._numerics import safe_increment
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform
+from .._core.fields import NONNEGATIVE_INTEGER, hyperparameter
+from .._util.numerics import safe_increment
 from ._accumulate import same_types, zeros_like_output
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 class ApplyIfFiniteState(NamedTuple):

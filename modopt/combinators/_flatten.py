@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding
 
-from .._base import AbstractTransform, Part, inner_transform
-from .._extra_args import declared_extra_args
-from .._specs import REPLICATED
+from .._core.base import AbstractTransform, Part, inner_transform
+from .._core.declared import declared_extra_args
+from .._core.specs import REPLICATED
 
 
 def _leaves(tree: Any, what: str) -> tuple[list[Any], Any]:

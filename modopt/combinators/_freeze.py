@@ -7,12 +7,12 @@ from typing import Any
 
 import jax
 
-from .._base import AbstractComposite, AbstractTransform, inner_transform
-from .._fields import as_static_tree, resolve_tree, static
+from .._core.base import AbstractComposite, AbstractTransform, inner_transform
+from .._core.fields import as_static_tree, resolve_tree, static
 from ..transforms._stateless import SetToZero
 from ._masked import Masked
 from ._partition import Partition
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 TRAIN, FREEZE = "train", "freeze"  # the group labels of `selective_transform`, as in optax
 

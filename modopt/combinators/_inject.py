@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, Part, as_transform, parts_act_elementwise
-from .._fields import StaticTree, _is_key, as_hyperparameter
-from .._numerics import safe_increment
-from .._specs import follow_params
+from .._core.base import AbstractTransform, Part, as_transform, parts_act_elementwise
+from .._core.fields import StaticTree, _is_key, as_hyperparameter
+from .._util.numerics import safe_increment
+from .._core.specs import follow_params
 from ..schedules._base import AbstractSchedule, as_schedule, is_schedule
 from ..schedules._stateful import WrappedScheduleState, as_stateful_module, is_stateful_schedule
 from jax.typing import DTypeLike

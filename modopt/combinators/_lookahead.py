@@ -7,12 +7,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform, require_params
-from .._extra_args import adapt_to_params, declared_extra_args
-from .._fields import POSITIVE_INTEGER, UNIT, hyperparameter, static
-from .._fields import Scalar
-from .._fields import _dtype_violation, canonical_dtype
-from .._moments import copy_state
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform, require_params
+from .._core.declared import adapt_to_params, declared_extra_args
+from .._core.fields import POSITIVE_INTEGER, UNIT, hyperparameter, static
+from .._core.fields import Scalar
+from .._core.fields import _dtype_violation, canonical_dtype
+from .._state.moments import copy_state
 from jax.typing import DTypeLike
 
 

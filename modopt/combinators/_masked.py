@@ -2,42 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
-import jax
-import numpy as np
-
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._fields import as_static_tree, resolve_tree, static
-from .._masks import MaskOrFn
-
-
-class MaskedNode(NamedTuple):
-    """Stands in for a leaf (or subtree) that a mask excludes. It holds no arrays."""
-
-
-class MaskedState(NamedTuple):
-    """The inner transform's state, built on the params with excluded leaves as `MaskedNode`."""
-
-    inner_state: Any
-
-
-def stands_in_for_params(tree: Any) -> bool:
-    """Whether `tree` stands in for a whole parameter tree: a pytree node without children that is
-    no container. `tree.map_params` (modopt's and optax's) calls `init` on one to find where a
-    state holds trees shaped like the parameters; there is nothing to mask or label in it."""
-    treedef = jax.tree_util.tree_structure(tree)
-    return (
-        treedef.num_nodes == 1
-        and treedef.num_leaves == 0
-        and tree is not None
-        and not isinstance(tree, (dict, list, tuple))
-    )
-
-
-def mask_tree(tree: Any, mask: Any) -> Any:
-    """`tree` with every subtree whose mask entry is `False` replaced by `MaskedNode()`."""
-    return jax.tree_util.tree_map(lambda m, t: t if m else MaskedNode(), mask, tree)
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform
+from .._core.fields import as_static_tree, static
+from .._core.masking import MaskedNode as MaskedNode  # masked's state types, defined with its core
+from .._core.masking import MaskedState as MaskedState
+from .._core.masking import mask_tree, masked_init, masked_update, resolve_mask
+from .._core.masks import MaskOrFn
 
 
 class Masked(AbstractWrapper):
@@ -64,41 +34,15 @@ class Masked(AbstractWrapper):
             raise ValueError("masked needs a mask (a pytree of bools or a function returning one).")
 
     def inner_view(self, tree, params):
-        return mask_tree(tree, self._mask(params))
-
-    def _mask(self, tree):
-        """The mask for `tree`, checked: a prefix of its structure, booleans at the leaves."""
-        mask = resolve_tree(self.mask, tree, "masked: the mask")
-        for path, leaf in jax.tree_util.tree_flatten_with_path(mask)[0]:
-            if not isinstance(leaf, (bool, np.bool_)):
-                raise ValueError(
-                    f"masked: the mask holds {leaf!r} (a {type(leaf).__name__}) at "
-                    f"{jax.tree_util.keystr(path) or 'the root'}; a mask holds booleans (True: transformed). "
-                    "To give parameters labels, use `partition` (`multi_transform`)."
-                )
-        return mask
+        return mask_tree(tree, resolve_mask(self.mask, params))
 
     def init(self, params):
-        if stands_in_for_params(params):
-            return MaskedState(inner_state=self.inner.init(params))
-        return MaskedState(inner_state=self.inner.init(self.inner_view(params, params)))
+        return masked_init(self.inner, self.mask, params)
 
     def update(self, updates, state, params=None, **extra_args):
-        mask = self._mask(updates)
-        if self.mask_compatible_extra_args:
-            structure = jax.tree_util.tree_structure(updates)
-            extra_args = {
-                k: mask_tree(v, mask) if jax.tree_util.tree_structure(v) == structure else v
-                for k, v in extra_args.items()
-            }
-        inner_updates, inner_state = self.inner.update(
-            mask_tree(updates, mask),
-            state.inner_state,
-            None if params is None else mask_tree(params, mask),
-            **extra_args,
+        return masked_update(
+            self.inner, self.mask, updates, state, params, extra_args, self.mask_compatible_extra_args
         )
-        updates = jax.tree_util.tree_map(lambda m, new, old: new if m else old, mask, inner_updates, updates)
-        return updates, MaskedState(inner_state=inner_state)
 
 
 masked = Masked

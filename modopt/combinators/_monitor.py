@@ -15,18 +15,18 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import (
+from .._core.base import (
     AbstractComposite,
     AbstractTransform,
     GradientTransformation,
     as_transform,
     init_empty_state,
 )
-from .._fields import UNIT, static
-from .._specs import follow_params
+from .._core.fields import UNIT, static
+from .._core.specs import follow_params
 from ..transforms._accumulation import Ema
 from ._chain import Chain
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 Measure = Callable[[Any], Any]  # updates -> an array or a pytree of arrays

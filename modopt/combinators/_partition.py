@@ -8,9 +8,10 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 
-from .._base import AbstractTransform, Part, as_transform
-from .._fields import as_static_tree, resolve_tree, static
-from ._masked import Masked, MaskedState, stands_in_for_params
+from .._core.base import AbstractTransform, Part, as_transform
+from .._core.fields import as_static_tree, resolve_tree, static
+from .._core.masking import MaskedState, stands_in_for_params
+from ._masked import Masked
 
 
 class PartitionState(NamedTuple):

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._fields import choice, static
-from .._quantization import QUANTIZATIONS, QuantizedArray, block_layout, quantize_blockwise
-from .._specs import padded
-from .._state_roles import moment_mask
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform
+from .._core.fields import choice, static
+from .._state.quantization import QUANTIZATIONS, QuantizedArray, block_layout, quantize_blockwise
+from .._core.specs import padded
+from .._state.roles import moment_mask
 
 
 class QuantizedInnerState(NamedTuple):
@@ -42,7 +42,7 @@ class QuantizedState(AbstractWrapper):
     state then takes about 2.03 bytes per parameter instead of 8.
 
     Which state is a moment is decided by its role, never by its shape: each state type
-    declares its moment fields (`modopt._state_roles.MOMENTS`, by name, for modopt's state
+    declares its moment fields (`modopt._state.roles.MOMENTS`, by name, for modopt's state
     types and optax's). Everything else is kept as it is: counters, keys, copies of the
     parameters or of a gradient, histories (L-BFGS), a preconditioner's statistics,
     eigenbases and factors (Shampoo, SOAP, Kron), reduced or factored moments (Adafactor's

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 @jax.custom_vjp

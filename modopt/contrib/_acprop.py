@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform
-from .._moments import (
+from .._core.base import AbstractComposite, AbstractTransform
+from .._state.moments import (
     bias_correction,
     in_update_dtype,
     init_state,
@@ -15,15 +15,15 @@ from .._moments import (
     widened_update_moment,
     widened_update_moment_per_elem_norm,
 )
-from .._numerics import safe_increment
-from .._trees import map_updates
+from .._util.numerics import safe_increment
+from .._util.trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByBeliefState, ScaleByLearningRate
 from ..transforms._adam import moment_ratio
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class ScaleByAcprop(AbstractTransform):

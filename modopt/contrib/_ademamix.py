@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform
-from .._fields import FINITE_NONNEGATIVE, PROBABILITY_EXCLUSIVE, as_rate
-from .._moments import (
+from .._core.base import AbstractComposite, AbstractTransform
+from .._core.fields import FINITE_NONNEGATIVE, PROBABILITY_EXCLUSIVE, as_rate
+from .._state.moments import (
     bias_correction,
     in_update_dtype,
     init_state,
@@ -19,15 +19,15 @@ from .._moments import (
     widened_update_moment,
     widened_update_moment_per_elem_norm,
 )
-from .._numerics import safe_increment
-from .._trees import map_updates
+from .._util.numerics import safe_increment
+from .._util.trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, as_schedule, value_at
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._adam import moment_ratio
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 def _rate_or_schedule(value: Any) -> Any:

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform
-from .._fields import Rate, static
-from .._moments import (
+from .._core.base import AbstractComposite, AbstractTransform
+from .._core.fields import Rate, static
+from .._state.moments import (
     in_update_dtype,
     init_state,
     store,
@@ -20,13 +20,13 @@ from .._moments import (
     widened_update_moment,
     widened_update_moment_per_elem_norm,
 )
-from .._numerics import safe_increment
-from .._trees import map_updates
+from .._util.numerics import safe_increment
+from .._util.trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate
 from ..transforms._adam import ScaleByAdamState
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

@@ -7,15 +7,15 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform, require_params
-from .._fields import POSITIVE, hyperparameter
-from .._trees import map_updates
+from .._core.base import AbstractComposite, AbstractTransform, require_params
+from .._core.fields import POSITIVE, hyperparameter
+from .._util.trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
-from .._fields import Scalar
-from .._masks import MaskOrFn
-from .._moments import copy_state, in_update_dtype, init_state, store, widen
+from .._core.fields import Scalar
+from .._core.masks import MaskOrFn
+from .._state.moments import copy_state, in_update_dtype, init_state, store, widen
 from jax.typing import DTypeLike
 
 

@@ -14,15 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, require_params
-from .._fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, Rate, hyperparameter, static
-from .._numerics import safe_increment
-from .._trees import vdot
+from .._core.base import AbstractTransform, require_params
+from .._core.fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, Rate, hyperparameter, static
+from .._util.numerics import safe_increment
+from .._util.trees import vdot
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms._real_only import reject_complex
 from ._mechanic import _lowest_dtype
-from .._fields import Scalar
-from .._moments import copy_state, in_update_dtype, init_state, scalar_dtype, store, widen
+from .._core.fields import Scalar
+from .._state.moments import copy_state, in_update_dtype, init_state, scalar_dtype, store, widen
 from jax.typing import DTypeLike
 
 

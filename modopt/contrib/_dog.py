@@ -9,17 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform, require_params
-from .._fields import Check, choice, hyperparameter
-from .._trees import global_norm, map_updates, sum_of_squares
+from .._core.base import AbstractComposite, AbstractTransform, require_params
+from .._core.fields import Check, choice, hyperparameter
+from .._util.trees import global_norm, map_updates, sum_of_squares
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, Identity, ScaleByLearningRate
 from ._mechanic import _lowest_dtype
-from .._fields import Scalar
-from .._moments import copy_state, scalar_dtype, widen
+from .._core.fields import Scalar
+from .._state.moments import copy_state, scalar_dtype, widen
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 INIT_STEP_TYPES = ("distance", "learning_rate", "heuristic")
 POSITIVE_FINITE = Check("> 0 and finite", lambda v: bool(np.all((v > 0) & np.isfinite(v))))

@@ -14,20 +14,20 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform, AbstractWrapper, as_transform
-from .._fields import FINITE, POSITIVE_INTEGER, StaticTree, hyperparameter, static
-from .._numerics import safe_increment
-from .._specs import REPLICATED, padded
-from .._trees import is_none
+from .._core.base import AbstractComposite, AbstractTransform, AbstractWrapper, as_transform
+from .._core.fields import FINITE, POSITIVE_INTEGER, StaticTree, hyperparameter, static
+from .._util.numerics import safe_increment
+from .._core.specs import REPLICATED, padded
+from .._util.trees import is_none
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, matrix_map, per_unit, run_per_unit, specs_of
 from ..sharding._shardings import split_further
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
-from .._fields import Scalar
-from .._masks import MaskOrFn
-from .._fields import dtype_field_names
-from .._moments import state_dtype_for, store, update_dtype, widen
+from .._core.fields import Scalar
+from .._core.masks import MaskOrFn
+from .._core.fields import dtype_field_names
+from .._state.moments import state_dtype_for, store, update_dtype, widen
 from jax.typing import DTypeLike
 
 

@@ -8,15 +8,15 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform, require_params
-from .._fields import UNIT
-from .._numerics import safe_increment
-from .._trees import map_updates
+from .._core.base import AbstractComposite, AbstractTransform, require_params
+from .._core.fields import UNIT
+from .._util.numerics import safe_increment
+from .._util.trees import map_updates
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms import AddDecayedWeights
-from .._fields import Scalar
-from .._moments import copy_state, in_update_dtype, init_state, store, widen
+from .._core.fields import Scalar
+from .._state.moments import copy_state, in_update_dtype, init_state, store, widen
 from jax.typing import DTypeLike
 
 

@@ -10,14 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform, require_params
-from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, static
-from .._numerics import safe_increment
-from .._specs import REPLICATED
-from .._trees import global_norm, select
-from .._fields import Scalar
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform, require_params
+from .._core.fields import NONNEGATIVE, POSITIVE, hyperparameter, static
+from .._util.numerics import safe_increment
+from .._core.specs import REPLICATED
+from .._util.trees import global_norm, select
+from .._core.fields import Scalar
 from .. import fields
-from .._moments import copy_state, in_update_dtype, scalar_dtype, store, widen
+from .._state.moments import copy_state, in_update_dtype, scalar_dtype, store, widen
 from jax.typing import DTypeLike
 
 

@@ -8,17 +8,17 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, require_params
-from .._extra_args import ExtraArg, extra_arg
-from .._fields import FINITE, NONNEGATIVE, PROBABILITY_EXCLUSIVE, hyperparameter, static
-from .._numerics import safe_increment
-from .._trees import sum_of_squares, vdot
+from .._core.base import AbstractTransform, require_params
+from .._core.extra_args import ExtraArg, extra_arg
+from .._core.fields import FINITE, NONNEGATIVE, PROBABILITY_EXCLUSIVE, hyperparameter, static
+from .._util.numerics import safe_increment
+from .._util.trees import sum_of_squares, vdot
 from ..schedules._base import ScalarOrSchedule, value_at
 from ..transforms._polyak import _TINY, READS_VALUE
 from ..transforms._real_only import reject_complex
 from ._mechanic import _lowest_dtype
-from .._fields import Scalar
-from .._moments import in_update_dtype, init_state, scalar_dtype, store, widen
+from .._core.fields import Scalar
+from .._state.moments import in_update_dtype, init_state, scalar_dtype, store, widen
 from jax.typing import DTypeLike
 
 

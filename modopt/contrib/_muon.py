@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform
-from .._fields import choice, hyperparameter, static
-from .._moments import in_update_dtype, init_state, store, widen, widened_update_moment
-from .._numerics import safe_increment
-from .._specs import REPLICATED
+from .._core.base import AbstractComposite, AbstractTransform
+from .._core.fields import choice, hyperparameter, static
+from .._state.moments import in_update_dtype, init_state, store, widen, widened_update_moment
+from .._util.numerics import safe_increment
+from .._core.specs import REPLICATED
 from ..combinators import Chain
 from ..optimizers._muon_variants import muon_partition
 from ..schedules._base import ScalarOrSchedule
@@ -40,9 +40,9 @@ from ..transforms._newton_schulz import newton_schulz as newton_schulz
 from ..transforms._newton_schulz import orthogonalize as orthogonalize
 from ..transforms._newton_schulz import orthogonalize_leaves
 from ..sharding._owners import specs_of
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class MuonState(NamedTuple):

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base import AbstractTransform
-from .._extra_args import ExtraArg, extra_arg
-from .._fields import (
+from .._core.base import AbstractTransform
+from .._core.extra_args import ExtraArg, extra_arg
+from .._core.fields import (
     NONNEGATIVE,
     NONNEGATIVE_INTEGER,
     POSITIVE_INTEGER,
@@ -19,8 +19,8 @@ from .._fields import (
     interval,
     is_concrete,
 )
-from .._numerics import safe_increment
-from .._fields import Scalar
+from .._util.numerics import safe_increment
+from .._core.fields import Scalar
 
 READS_VALUE = (ExtraArg("value", "the loss (or metric) to monitor, a scalar"),)
 

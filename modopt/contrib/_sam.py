@@ -9,12 +9,12 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, EmptyState, Part, init_empty_state, inner_transform
-from .._extra_args import ExtraArg
-from .._fields import static
-from .._specs import REPLICATED
-from .._trees import global_norm, is_none, select
-from .._updates import apply_updates
+from .._core.base import AbstractTransform, EmptyState, Part, init_empty_state, inner_transform
+from .._core.extra_args import ExtraArg
+from .._core.fields import static
+from .._core.specs import REPLICATED
+from .._util.trees import global_norm, is_none, select
+from .._state.updates import apply_updates
 
 NormalizeState = EmptyState
 """The state of `normalize` (empty)."""

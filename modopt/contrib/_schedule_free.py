@@ -8,19 +8,19 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._checks import prefix_difference
-from .._base import AbstractComposite, AbstractTransform, AbstractWrapper, inner_transform, require_params
-from .._fields import FINITE_NONNEGATIVE, POSITIVE_INTEGER, hyperparameter, interval
-from .._numerics import safe_increment
-from .._moments import store
-from .._trees import is_none
+from .._core.checks import prefix_difference
+from .._core.base import AbstractComposite, AbstractTransform, AbstractWrapper, inner_transform, require_params
+from .._core.fields import FINITE_NONNEGATIVE, POSITIVE_INTEGER, hyperparameter, interval
+from .._util.numerics import safe_increment
+from .._state.moments import store
+from .._util.trees import is_none
 from ..combinators import Chain
 from ..optimizers._sgd import Sgd
 from ..schedules._base import ScalarOrSchedule, is_schedule, value_at
 from ..schedules._schedules import linear_schedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate, ScaleByRms
 from ._mechanic import _lowest_dtype
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 # The interpolation weight b1 divides in `x = (y - (1 - b1) z) / b1`: it must be positive.

@@ -10,10 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform, as_transform, require_params
-from .._extra_args import ExtraArg, extra_arg
-from .._fields import NONNEGATIVE, NONNEGATIVE_INTEGER, POSITIVE_INTEGER, as_key, hyperparameter, static
-from .._moments import (
+from .._core.base import AbstractComposite, AbstractTransform, as_transform, require_params
+from .._core.extra_args import ExtraArg, extra_arg
+from .._core.fields import NONNEGATIVE, NONNEGATIVE_INTEGER, POSITIVE_INTEGER, as_key, hyperparameter, static
+from .._state.moments import (
     bias_correction,
     in_update_dtype,
     init_state,
@@ -21,15 +21,15 @@ from .._moments import (
     widen,
     widened_update_moment,
 )
-from .._numerics import safe_increment
-from .._specs import follow_params
+from .._util.numerics import safe_increment
+from .._core.specs import follow_params
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..second_order import hvp
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 READS_OBJ_FN = (
     ExtraArg(

@@ -7,8 +7,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, AbstractWrapper, inner_transform
-from .._extra_args import adapt_to_params, declared_extra_args
+from .._core.base import AbstractTransform, AbstractWrapper, inner_transform
+from .._core.declared import adapt_to_params, declared_extra_args
 
 
 class RealAndImaginary(NamedTuple):

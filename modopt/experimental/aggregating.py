@@ -25,16 +25,16 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState, Part, as_transform, init_empty_state, inner_transform
-from .._extra_args import ExtraArg, extra_arg
-from .._fields import UNIT, static
-from .._numerics import safe_int32_increment
-from .._trees import select, zeros_like
+from .._core.base import AbstractTransform, EmptyState, Part, as_transform, init_empty_state, inner_transform
+from .._core.extra_args import ExtraArg, extra_arg
+from .._core.fields import UNIT, static
+from .._util.numerics import safe_int32_increment
+from .._util.trees import select, zeros_like
 from ..combinators._chain import Chain
 from ..transforms._stateless import Identity
 from ..tree._state import get
-from .._fields import Scalar
-from .._moments import in_update_dtype, init_state, store, widen
+from .._core.fields import Scalar
+from .._state.moments import in_update_dtype, init_state, store, widen
 from jax.typing import DTypeLike
 
 PerElementUpdates = Any

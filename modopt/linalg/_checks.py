@@ -7,7 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import _shown, is_concrete
+from .._core.fields import _shown, is_concrete
 
 
 def square_matrix(name: str, matrix: Any, where: str) -> Any:

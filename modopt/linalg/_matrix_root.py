@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import is_concrete
+from .._core.fields import is_concrete
 from ._checks import number, square_matrix
 from ._power_iteration import power_iteration
 

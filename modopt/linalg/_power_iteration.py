@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._trees import global_norm, vdot
+from .._util.trees import global_norm, vdot
 from ._checks import number, square_matrix
 
 

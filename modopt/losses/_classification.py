@@ -10,7 +10,7 @@ import jax.scipy.special
 import numpy as np
 
 from . import _inputs
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import ArrayLike
 
 

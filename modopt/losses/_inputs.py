@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import is_concrete
+from .._core.fields import is_concrete
 from jax.typing import ArrayLike
 
 

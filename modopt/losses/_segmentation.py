@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import is_concrete
+from .._core.fields import is_concrete
 from . import _inputs
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import ArrayLike
 
 _REDUCTIONS = ("mean", "sum", "none")

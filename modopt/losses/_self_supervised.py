@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _inputs
 from ._divergence import cosine_similarity
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import ArrayLike
 
 

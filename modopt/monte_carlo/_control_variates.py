@@ -25,11 +25,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._fields import PROBABILITY_EXCLUSIVE, as_key, hyperparameter, pretty, static, validate_hyperparameters
-from .._numerics import safe_increment
+from .._core.fields import PROBABILITY_EXCLUSIVE, as_key, hyperparameter, pretty, static, validate_hyperparameters
+from .._util.numerics import safe_increment
 from ._estimators import DistBuilder
 from ._inputs import Function, check_callable, check_count, check_params, evaluate
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 CvState = Any
 

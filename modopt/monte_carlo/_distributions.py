@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._fields import as_key
+from .._core.fields import as_key
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 

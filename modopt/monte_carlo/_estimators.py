@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._fields import as_key
+from .._core.fields import as_key
 from ._distributions import MultiNormalDiagFromLogScale
 from ._inputs import Function, check_callable, check_count, check_params, evaluate
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
+from .._core.base import AbstractComposite
+from .._core.fields import NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import (
@@ -18,9 +18,9 @@ from ..transforms import (
     ScaleByLearningRate,
     ScaleByParamBlockRms,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class Adafactor(AbstractComposite):

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import static
+from .._core.base import AbstractComposite
+from .._core.fields import static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule, schedule_annotations
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class Adam(AbstractComposite):

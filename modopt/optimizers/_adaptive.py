@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform
-from .._fields import NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, static
+from .._core.base import AbstractComposite, AbstractTransform
+from .._core.fields import NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import (
@@ -33,10 +33,10 @@ from ..transforms import (
     ScaleByYogi,
     Trace,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 from ..transforms._lion import MODES
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 def _descent(scaling: AbstractTransform, learning_rate: Any, weight_decay: Any = None, mask: Any = None):

@@ -7,8 +7,8 @@ from typing import Any
 import jax
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import prng_key, static
+from .._core.base import AbstractComposite
+from .._core.fields import prng_key, static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, ScaleByLearningRate, Trace
@@ -18,7 +18,7 @@ from ..transforms._privacy import (
     dp_noise_multiplier,
     private_key,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

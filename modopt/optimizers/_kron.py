@@ -7,16 +7,16 @@ from typing import Any, ClassVar
 import jax
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import POSITIVE, UNIT, choice, hyperparameter, prng_key, static
+from .._core.base import AbstractComposite
+from .._core.fields import POSITIVE, UNIT, choice, hyperparameter, prng_key, static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._kron import MEMORY_SAVE_MODES, ScaleByKron, _probability
 from ..transforms._newton_schulz import as_dimension_numbers
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 def at_least_2d(params: Any) -> Any:

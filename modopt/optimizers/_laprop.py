@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from .. import fields
-from .._base import AbstractComposite
+from .._core.base import AbstractComposite
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms._laprop import ScaleByLaprop
 from ..transforms._scale import ScaleByLearningRate
 from ..transforms._weight_decay import AddDecayedWeights
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class Laprop(AbstractComposite):

@@ -7,8 +7,8 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import NONNEGATIVE, UNIT, hyperparameter, static
+from .._core.base import AbstractComposite
+from .._core.fields import NONNEGATIVE, UNIT, hyperparameter, static
 from ..combinators import Chain, Masked
 from ..schedules._base import MappedSchedule, ScalarOrSchedule, is_schedule
 from ..transforms import (
@@ -20,9 +20,9 @@ from ..transforms import (
     ScaleByTrustRatio,
     Trace,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class Lars(AbstractComposite):

@@ -7,8 +7,8 @@ from typing import Any
 import equinox as eqx
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform, as_transform
-from .._fields import static
+from .._core.base import AbstractComposite, AbstractTransform, as_transform
+from .._core.fields import static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, Scale, ScaleByLBFGS, ScaleByLearningRate, ScaleByZoomLinesearch

@@ -8,15 +8,15 @@ from typing import Any
 import jax
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import POSITIVE, hyperparameter, static
+from .._core.base import AbstractComposite
+from .._core.fields import POSITIVE, hyperparameter, static
 from ..combinators import Chain, Partition
 from ..schedules._base import ScalarOrSchedule
 from ..transforms._mars import ScaleByMars
 from ..transforms._scale import ScaleByLearningRate
 from ..transforms._weight_decay import AddDecayedWeights
 from ._adam import AdamW
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import equinox as eqx
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import choice, hyperparameter, static
+from .._core.base import AbstractComposite
+from .._core.fields import choice, hyperparameter, static
 from ..combinators import Chain, Partition
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
@@ -26,10 +26,10 @@ from ..transforms._newton_schulz import (
     as_dimension_numbers,
     as_ns_coeffs,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 from ._adam import AdamW
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 def muon_partition(tx: Any, matrices: Any, nesterov: bool, owner: str) -> Partition:

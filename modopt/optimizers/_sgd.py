@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import static
+from .._core.base import AbstractComposite
+from .._core.fields import static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import Identity, ScaleByLearningRate, Trace
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

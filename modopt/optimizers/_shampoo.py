@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 import jax
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import (
+from .._core.base import AbstractComposite
+from .._core.fields import (
     FINITE,
     NONNEGATIVE,
     NONNEGATIVE_INTEGER,
@@ -19,7 +19,7 @@ from .._fields import (
     hyperparameter,
     static,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import ScaleByLearningRate

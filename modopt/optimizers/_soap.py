@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from .. import fields
-from .._base import AbstractComposite
-from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
+from .._core.base import AbstractComposite
+from .._core.fields import POSITIVE_INTEGER, choice, hyperparameter, static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import AddDecayedWeights, ScaleByLearningRate
 from ..transforms._soap import DATA_FORMATS, ScaleBySoap
-from .._fields import Scalar
-from .._masks import MaskOrFn
+from .._core.fields import Scalar
+from .._core.masks import MaskOrFn
 from jax.typing import DTypeLike
 
 

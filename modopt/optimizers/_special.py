@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import jax
 
 from .. import fields
-from .._base import AbstractComposite
-from .._extra_args import ExtraArg
-from .._fields import FINITE, NONNEGATIVE, choice, hyperparameter, prng_key, static
+from .._core.base import AbstractComposite
+from .._core.extra_args import ExtraArg
+from .._core.fields import FINITE, NONNEGATIVE, choice, hyperparameter, prng_key, static
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
 from ..transforms import Scale, ScaleByAdam, ScaleByLearningRate
@@ -20,7 +20,7 @@ from ..transforms._polyak import READS_VALUE, VARIANTS, ScaleByPolyak
 from ..transforms._rprop import GROWTH_FACTOR, SHRINK_FACTOR, ScaleByRprop
 from ..transforms._sm3 import ScaleBySM3
 from ._sgd import Sgd
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

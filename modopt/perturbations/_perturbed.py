@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import as_hyperparameter, is_concrete
-from .._fields import Scalar
+from .._core.fields import as_hyperparameter, is_concrete
+from .._core.fields import Scalar
 
 
 class Normal(eqx.Module):

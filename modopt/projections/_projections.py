@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from .._trees import sum_of_squares, vdot
-from .._fields import Scalar
+from .._util.trees import sum_of_squares, vdot
+from .._core.fields import Scalar
 
 
 def _same_structure(x: Any, a: Any, where: str) -> None:

@@ -36,20 +36,8 @@ from ._stateful import WrappedSchedule as WrappedSchedule
 from ._stateful import WrappedScheduleState as WrappedScheduleState
 
 # optax.schedules also exports `inject_hyperparams` and its kin. modopt's live in
-# modopt.combinators, which imports this package, so they are looked up there when first
-# asked for (no import cycle).
+# modopt.combinators, a layer above this package (see docs/development.md): modopt/__init__.py
+# sets these names here once it has imported both.
 _FROM_COMBINATORS = frozenset(
     {"InjectHyperparamsState", "InjectStatefulHyperparamsState", "inject_hyperparams", "inject_stateful_hyperparams"}
 )
-
-
-def __getattr__(name: str):
-    if name in _FROM_COMBINATORS:
-        from .. import combinators
-
-        return getattr(combinators, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | _FROM_COMBINATORS)

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._module import Module
-from .._fields import (
+from .._core.module import Module
+from .._core.fields import (
     Check,
     as_hyperparameter,
     hyperparameter,

@@ -13,10 +13,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import POSITIVE, Check, _shown, is_concrete
+from .._core.fields import POSITIVE, Check, _shown, is_concrete
 from ._piecewise import PiecewiseInterpolateSchedule, piecewise_interpolate_schedule
 from ._schedules import JoinSchedules, WarmupCosineDecaySchedule
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 def _check(name: str, value: Any, check: Check, where: str) -> None:

@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import as_hyperparameter, is_concrete
-from .._module import Module
+from .._core.fields import as_hyperparameter, is_concrete
+from .._core.module import Module
 
 
 class Derived(Module):

@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from .._fields import FINITE, NONNEGATIVE, POSITIVE, hyperparameter, static
+from .._core.fields import FINITE, NONNEGATIVE, POSITIVE, hyperparameter, static
 from ._base import AbstractSchedule
 from ._exact import Derived, derive, divide, strongly_typed
 from ._schedules import JoinSchedules, as_count, linear_schedule, with_span
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 class ExponentialDecaySchedule(AbstractSchedule):

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._fields import FINITE, FINITE_NONNEGATIVE, _shown, choice, hyperparameter, is_concrete
+from .._core.fields import FINITE, FINITE_NONNEGATIVE, _shown, choice, hyperparameter, is_concrete
 from ._base import AbstractSchedule, as_boundaries, as_vector
 from ._exact import divide, is_traced
 from ._schedules import as_count
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 def _as_scales(values: Any) -> jax.Array:

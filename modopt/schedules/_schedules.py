@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from .._fields import (
+from .._core.fields import (
     FINITE,
     FINITE_NONNEGATIVE,
     NONNEGATIVE,
@@ -27,7 +27,7 @@ from .._fields import (
     is_concrete,
     rate,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from ._base import AbstractSchedule, as_boundaries, as_schedule, value_at
 from ._exact import Derived, derive, divide, is_traced, power, strongly_typed
 

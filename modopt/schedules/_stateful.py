@@ -8,9 +8,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._fields import static
-from .._module import Module
-from .._numerics import safe_increment
+from .._core.fields import static
+from .._core.module import Module
+from .._util.numerics import safe_increment
 from ._base import AbstractSchedule, as_schedule
 
 

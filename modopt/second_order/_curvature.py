@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from .._base import Params
+from .._core.base import Params
 
 LossFn = Callable[[Any, Any, Any], jax.Array]
 

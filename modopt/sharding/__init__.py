@@ -7,12 +7,12 @@ their state is laid out in `state_specs` (see `modopt.AbstractTransform`), with 
 below for writing such rules.
 """
 
-from .._specs import REPLICATED as REPLICATED
-from .._specs import OWNED as OWNED
-from .._specs import OWNED_ELEMENTWISE as OWNED_ELEMENTWISE
-from .._specs import NoRule as NoRule
-from .._specs import drop_axis as drop_axis
-from .._specs import follow_params as follow_params
+from .._core.specs import REPLICATED as REPLICATED
+from .._core.specs import OWNED as OWNED
+from .._core.specs import OWNED_ELEMENTWISE as OWNED_ELEMENTWISE
+from .._core.specs import NoRule as NoRule
+from .._core.specs import drop_axis as drop_axis
+from .._core.specs import follow_params as follow_params
 from ._cost import Collective as Collective
 from ._cost import CompiledCost as CompiledCost
 from ._cost import compiled_cost as compiled_cost

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._specs import padded
+from .._core.specs import padded
 
 
 @dataclasses.dataclass

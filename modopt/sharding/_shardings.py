@@ -12,10 +12,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from .._checks import _first_difference
-from .._offload import place, with_memory_kind
-from .._signature import ModelSignature
-from .._specs import NoRule, Owned, is_spec, padded
+from .._core.checks import _first_difference
+from .._state.offload import place, with_memory_kind
+from .._state.signature import ModelSignature
+from .._core.specs import NoRule, Owned, is_spec, padded
 from ._owners import _pad, more_specs, owner_spec, padded_length, spread_spec
 
 

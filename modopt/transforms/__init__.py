@@ -1,5 +1,7 @@
 """Gradient transformations, one family per file."""
 
+from .._core.masking import MaskedNode as MaskedNode
+from .._core.masking import MaskedState as MaskedState
 from ._accumulation import Ema as Ema
 from ._accumulation import EmaState as EmaState
 from ._accumulation import Trace as Trace
@@ -162,16 +164,15 @@ from ._zoom import ScaleByZoomLinesearchState as ScaleByZoomLinesearchState
 from ._zoom import ZoomLinesearchInfo as ZoomLinesearchInfo
 from ._zoom import scale_by_zoom_linesearch as scale_by_zoom_linesearch
 
-# optax.transforms also exports its combinators. modopt's live in modopt.combinators, which
-# imports this package, so they are looked up there when first asked for (no import cycle).
+# optax.transforms also exports its combinators. modopt's live in modopt.combinators, a layer
+# above this package (see docs/development.md): modopt/__init__.py sets these names here once it
+# has imported both. The state types of `masked` are defined below both, with its core.
 _FROM_COMBINATORS = frozenset(
     {
         "ApplyIfFiniteState",
         "ConditionFn",
         "ConditionallyMaskState",
         "ConditionallyTransformState",
-        "MaskedNode",
-        "MaskedState",
         "MonitorState",
         "MultiSteps",
         "MultiStepsState",
@@ -195,15 +196,3 @@ _FROM_COMBINATORS = frozenset(
         "snapshot",
     }
 )
-
-
-def __getattr__(name: str):
-    if name in _FROM_COMBINATORS:
-        from .. import combinators
-
-        return getattr(combinators, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | _FROM_COMBINATORS)

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import UNIT, static
-from .._moments import (
+from .._core.base import AbstractTransform
+from .._core.fields import UNIT, static
+from .._state.moments import (
     bias_correction,
     in_update_dtype,
     init_state,
@@ -18,9 +18,9 @@ from .._moments import (
     widen,
     widened_update_moment,
 )
-from .._numerics import safe_increment
-from .._trees import map_updates
-from .._fields import Scalar
+from .._util.numerics import safe_increment
+from .._util.trees import map_updates
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import resolve_tree
-from .._moments import (
+from .._core.base import AbstractTransform
+from .._core.fields import resolve_tree
+from .._state.moments import (
     bias_correction,
     init_state,
     state_dtype_for,
@@ -21,10 +21,10 @@ from .._moments import (
     widen,
     widened_update_moment,
 )
-from .._numerics import safe_increment
-from .._specs import REPLICATED, padded
-from .._trees import abs_sq
-from .._fields import Scalar
+from .._util.numerics import safe_increment
+from .._core.specs import REPLICATED, padded
+from .._util.trees import abs_sq
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 PER_LEAF = "leaf"

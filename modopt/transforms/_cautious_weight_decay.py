@@ -7,10 +7,10 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform
+from .._core.base import AbstractTransform
 from ..schedules._base import ScalarOrSchedule
 from ._weight_decay import decay_init, decay_update
-from .._masks import MaskOrFn
+from .._core.masks import MaskOrFn
 
 
 class AddCautiousDecayedWeights(AbstractTransform):

@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState, Updates, init_empty_state, require_params
-from .._fields import NONNEGATIVE, POSITIVE, Check, hyperparameter, is_concrete, static
-from .._numerics import abs_sq, global_norm
-from .._trees import map_updates
-from .._fields import Scalar
+from .._core.base import AbstractTransform, EmptyState, Updates, init_empty_state, require_params
+from .._core.fields import NONNEGATIVE, POSITIVE, Check, hyperparameter, is_concrete, static
+from .._util.numerics import abs_sq, global_norm
+from .._util.trees import map_updates
+from .._core.fields import Scalar
 
 
 class Clip(AbstractTransform):

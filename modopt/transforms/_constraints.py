@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
-from .._specs import REPLICATED
-from .._trees import is_none, map_updates
+from .._core.base import AbstractTransform, EmptyState, init_empty_state, require_params
+from .._core.specs import REPLICATED
+from .._util.trees import is_none, map_updates
 
 
 class KeepParamsNonnegative(AbstractTransform):

@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, require_params
-from .._fields import FINITE, NONNEGATIVE, hyperparameter
-from .._specs import REPLICATED
-from .._trees import is_none, map_updates
-from .._fields import Scalar
-from .._moments import widen
+from .._core.base import AbstractTransform, require_params
+from .._core.fields import FINITE, NONNEGATIVE, hyperparameter
+from .._core.specs import REPLICATED
+from .._util.trees import is_none, map_updates
+from .._core.fields import Scalar
+from .._state.moments import widen
 from jax.typing import DTypeLike
 
 

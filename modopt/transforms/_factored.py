@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, require_params
-from .._fields import NONNEGATIVE, UNIT, hyperparameter, static
-from .._moments import in_update_dtype, state_dtype_for, widen
-from .._numerics import abs_sq, safe_increment
-from .._specs import REPLICATED, drop_axis
-from .._fields import Scalar
+from .._core.base import AbstractTransform, require_params
+from .._core.fields import NONNEGATIVE, UNIT, hyperparameter, static
+from .._state.moments import in_update_dtype, state_dtype_for, widen
+from .._util.numerics import abs_sq, safe_increment
+from .._core.specs import REPLICATED, drop_axis
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

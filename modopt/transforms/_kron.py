@@ -12,22 +12,22 @@ import jax.scipy.linalg
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, prng_key, static
-from .._moments import (
+from .._core.base import AbstractTransform
+from .._core.fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, choice, hyperparameter, prng_key, static
+from .._state.moments import (
     bias_correction,
     init_state,
     store,
     update_dtype,
     widened_update_moment,
 )
-from .._numerics import safe_increment
-from .._layouts import kernel_views
-from .._specs import OWNED, REPLICATED
+from .._util.numerics import safe_increment
+from ._kernel_views import kernel_views
+from .._core.specs import OWNED, REPLICATED
 from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, per_unit, run_per_unit, specs_of, whole_map
-from .._trees import cast_like
+from .._util.trees import cast_like
 from ..schedules._base import AbstractSchedule, ScalarOrSchedule, _scalar_or_schedule, value_at
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 from ._newton_schulz import as_dimension_numbers
 from ._kron_numerics import (  # noqa: F401  (DAMPING, kron_probes: the probes' definition, for the tests)

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import jax.scipy.linalg
 import numpy as np
 
-from .._numerics import overflow_scale
-from .._threefry import threefry2x32 as threefry2x32  # (the probes' generator; tested here)
+from .._util.numerics import overflow_scale
+from .._util.threefry import threefry2x32 as threefry2x32  # (the probes' generator; tested here)
 
 # The damping added to the probed gradient, `sqrt(float32 eps) * mean|g| * v`, as the reference.
 DAMPING = math.sqrt(float(np.finfo(np.float32).eps))

@@ -9,11 +9,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState, init_empty_state, require_params
-from .._fields import FINITE, NONNEGATIVE, hyperparameter
-from .._numerics import global_norm, safe_norm
-from .._trees import map_updates
-from .._fields import Scalar
+from .._core.base import AbstractTransform, EmptyState, init_empty_state, require_params
+from .._core.fields import FINITE, NONNEGATIVE, hyperparameter
+from .._util.numerics import global_norm, safe_norm
+from .._util.trees import map_updates
+from .._core.fields import Scalar
 
 
 class ScaleByTrustRatio(AbstractTransform):

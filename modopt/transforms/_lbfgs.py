@@ -7,14 +7,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, require_params
-from .._fields import static
-from .._numerics import safe_increment
-from .._specs import REPLICATED, follow_params
-from .._trees import cast_like, global_norm, sum_of_squares
+from .._core.base import AbstractTransform, require_params
+from .._core.fields import static
+from .._util.numerics import safe_increment
+from .._core.specs import REPLICATED, follow_params
+from .._util.trees import cast_like, global_norm, sum_of_squares
 from ._linesearch import check_count, inner
 from .. import fields
-from .._moments import in_update_dtype, state_dtype_for, widen
+from .._state.moments import in_update_dtype, state_dtype_for, widen
 from jax.typing import DTypeLike
 
 

@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base import AbstractTransform, require_params
-from .._checks import _first_difference as first_difference
-from .._extra_args import ExtraArg, extra_arg
-from .._fields import NONNEGATIVE, POSITIVE, PROBABILITY_EXCLUSIVE, Check, hyperparameter, interval, static
-from .._trees import cast_like, is_none, zeros_like
-from .._fields import Scalar
+from .._core.base import AbstractTransform, require_params
+from .._core.checks import _first_difference as first_difference
+from .._core.extra_args import ExtraArg, extra_arg
+from .._core.fields import NONNEGATIVE, POSITIVE, PROBABILITY_EXCLUSIVE, Check, hyperparameter, interval, static
+from .._util.trees import cast_like, is_none, zeros_like
+from .._core.fields import Scalar
 
 READS_LOSS = (
     ExtraArg("value", "the loss at the current parameters"),

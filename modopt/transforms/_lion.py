@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import POSITIVE, UNIT, choice, hyperparameter
-from .._moments import in_update_dtype, init_state, store, update_moment, widen
-from .._numerics import safe_increment
-from .._trees import map_updates
-from .._fields import Scalar
+from .._core.base import AbstractTransform
+from .._core.fields import POSITIVE, UNIT, choice, hyperparameter
+from .._state.moments import in_update_dtype, init_state, store, update_moment, widen
+from .._util.numerics import safe_increment
+from .._util.trees import map_updates
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 MODES = ("hard", "smooth", "refined")

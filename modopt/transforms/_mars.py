@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import NONNEGATIVE, POSITIVE, hyperparameter
-from .._moments import (
+from .._core.base import AbstractTransform
+from .._core.fields import NONNEGATIVE, POSITIVE, hyperparameter
+from .._state.moments import (
     bias_correction,
     init_state,
     store,
@@ -19,10 +19,10 @@ from .._moments import (
     widened_update_moment,
     widened_update_moment_per_elem_norm,
 )
-from .._numerics import safe_increment
-from .._trees import abs_sq, map_updates
+from .._util.numerics import safe_increment
+from .._util.trees import abs_sq, map_updates
 from ._adam import moment_ratio
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import choice, hyperparameter, static
-from .._moments import (
+from .._core.base import AbstractTransform
+from .._core.fields import choice, hyperparameter, static
+from .._state.moments import (
     bias_correction,
     init_state,
     state_dtype_for,
@@ -29,9 +29,9 @@ from .._moments import (
     widened_update_moment,
     widened_update_moment_per_elem_norm,
 )
-from .._numerics import safe_increment
-from .._specs import REPLICATED, padded
-from .._trees import abs_sq
+from .._util.numerics import safe_increment
+from .._core.specs import REPLICATED, padded
+from .._util.trees import abs_sq
 from ..sharding._owners import specs_of
 from ._newton_schulz import (
     DEFAULT_NS_COEFFS,
@@ -44,7 +44,7 @@ from ._newton_schulz import (
     orthogonalize_leaves,
     shape_of,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, init_empty_state
-from .._checks import prefix_difference
-from .._fields import StaticTree, as_static_tree, hyperparameter, static
-from .._fields import Scalar
-from .._numerics import overflow_scale
+from .._core.base import AbstractTransform, init_empty_state
+from .._core.checks import prefix_difference
+from .._core.fields import StaticTree, as_static_tree, hyperparameter, static
+from .._core.fields import Scalar
+from .._util.numerics import overflow_scale
 from ..sharding._owners import LeafUnits, UnitMap, UnitStacks, current_mesh, matrix_map, run_per_unit
 
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")

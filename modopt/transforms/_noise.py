@@ -7,11 +7,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform
-from .._fields import NONNEGATIVE, as_key, hyperparameter, prng_key
-from .._numerics import safe_increment
+from .._core.base import AbstractTransform
+from .._core.fields import NONNEGATIVE, as_key, hyperparameter, prng_key
+from .._util.numerics import safe_increment
 from ..fields import MISSING
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 def noise_variance(default: Any = MISSING, **kwargs: Any):

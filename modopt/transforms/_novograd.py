@@ -8,13 +8,13 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, require_params
-from .._moments import init_state, state_dtype_for, store, update_moment, widen
-from .._numerics import is_concrete_zero, safe_increment
-from .._specs import REPLICATED
-from .._trees import abs_sq, map_updates
+from .._core.base import AbstractTransform, require_params
+from .._state.moments import init_state, state_dtype_for, store, update_moment, widen
+from .._util.numerics import is_concrete_zero, safe_increment
+from .._core.specs import REPLICATED
+from .._util.trees import abs_sq, map_updates
 from ..schedules._base import ScalarOrSchedule, value_at
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

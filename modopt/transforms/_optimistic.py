@@ -7,12 +7,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform
-from .._fields import NONNEGATIVE, hyperparameter
-from .._trees import map_updates
-from .._fields import Scalar
+from .._core.base import AbstractTransform
+from .._core.fields import NONNEGATIVE, hyperparameter
+from .._util.trees import map_updates
+from .._core.fields import Scalar
 from .. import fields
-from .._moments import in_update_dtype, init_state, store, widen
+from .._state.moments import in_update_dtype, init_state, store, widen
 from jax.typing import DTypeLike
 
 

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base import AbstractTransform, init_empty_state
-from .._extra_args import ExtraArg, extra_arg
-from .._fields import FINITE, NONNEGATIVE, choice, hyperparameter
-from .._trees import sum_of_squares
-from .._fields import Scalar
+from .._core.base import AbstractTransform, init_empty_state
+from .._core.extra_args import ExtraArg, extra_arg
+from .._core.fields import FINITE, NONNEGATIVE, choice, hyperparameter
+from .._util.trees import sum_of_squares
+from .._core.fields import Scalar
 
 VARIANTS = ("sps", "sps+")
 READS_VALUE = (ExtraArg("value", "the loss at the current parameters"),)

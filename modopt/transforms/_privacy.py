@@ -7,12 +7,12 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform
-from .._fields import NONNEGATIVE, POSITIVE, hyperparameter, prng_key
+from .._core.base import AbstractTransform
+from .._core.fields import NONNEGATIVE, POSITIVE, hyperparameter, prng_key
 from ..fields import MISSING
 from ._clipping import _check_batched, per_example_global_norm_clip
 from ._noise import key_or_seed
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 def dp_l2_norm_clip(default: Any = MISSING, **kwargs: Any):

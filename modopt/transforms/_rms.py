@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import static
-from .._moments import bias_correction as debias
-from .._moments import (
+from .._core.base import AbstractTransform
+from .._core.fields import static
+from .._state.moments import bias_correction as debias
+from .._state.moments import (
     in_update_dtype,
     init_state,
     store,
@@ -19,9 +19,9 @@ from .._moments import (
     widened_update_moment,
     widened_update_moment_per_elem_norm,
 )
-from .._numerics import safe_increment
-from .._trees import abs_sq, map_updates
-from .._fields import Scalar
+from .._util.numerics import safe_increment
+from .._util.trees import abs_sq, map_updates
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

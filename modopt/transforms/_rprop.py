@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import NONNEGATIVE, hyperparameter, interval, is_concrete
-from .._trees import map_updates
+from .._core.base import AbstractTransform
+from .._core.fields import NONNEGATIVE, hyperparameter, interval, is_concrete
+from .._util.trees import map_updates
 from ._real_only import reject_complex
-from .._fields import Scalar
-from .._moments import in_update_dtype, init_state, store, widen
+from .._core.fields import Scalar
+from .._state.moments import in_update_dtype, init_state, store, widen
 from jax.typing import DTypeLike
 
 SHRINK_FACTOR = interval(0, 1, closed_lo=False, closed_hi=True)  # (0, 1]

@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractComposite, AbstractTransform, EmptyState, init_empty_state, require_params
-from .._fields import NONNEGATIVE, hyperparameter, static
-from .._numerics import safe_increment, safe_norm, safe_root_mean_squares
-from .._trees import map_updates
+from .._core.base import AbstractComposite, AbstractTransform, EmptyState, init_empty_state, require_params
+from .._core.fields import NONNEGATIVE, hyperparameter, static
+from .._util.numerics import safe_increment, safe_norm, safe_root_mean_squares
+from .._util.trees import map_updates
 from ..schedules._base import AbstractSchedule, MappedSchedule, ScalarOrSchedule, is_schedule, scalar_or_schedule, value_at
 from ._stateless import Identity
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 class Scale(AbstractTransform):

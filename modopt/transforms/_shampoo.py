@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import fields
-from .._base import AbstractTransform, require_params
-from .._fields import (
+from .._core.base import AbstractTransform, require_params
+from .._core.fields import (
     FINITE,
     NONNEGATIVE,
     NONNEGATIVE_INTEGER,
@@ -23,12 +23,12 @@ from .._fields import (
     is_concrete,
     static,
 )
-from .._fields import Scalar
-from .._moments import init_state, update_dtype, widen
-from .._numerics import overflow_exponent, safe_increment, scaled_norm
-from .._layouts import kernel_views
-from .._specs import OWNED, REPLICATED
-from .._specs import padded as spec_entries
+from .._core.fields import Scalar
+from .._state.moments import init_state, update_dtype, widen
+from .._util.numerics import overflow_exponent, safe_increment, scaled_norm
+from ._kernel_views import kernel_views
+from .._core.specs import OWNED, REPLICATED
+from .._core.specs import padded as spec_entries
 from ..linalg import matrix_inverse_pth_root
 from ..sharding._owners import LeafUnits, UnitMap, UnitStacks, current_mesh, run_per_unit, specs_of
 from ._newton_schulz import as_dimension_numbers

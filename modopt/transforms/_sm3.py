@@ -10,9 +10,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import UNIT
-from .._moments import (
+from .._core.base import AbstractTransform
+from .._core.fields import UNIT
+from .._state.moments import (
     in_update_dtype,
     init_state,
     state_dtype_for,
@@ -20,9 +20,9 @@ from .._moments import (
     widen,
     widened_update_moment,
 )
-from .._specs import REPLICATED, padded
+from .._core.specs import REPLICATED, padded
 from ._real_only import reject_complex
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

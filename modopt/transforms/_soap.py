@@ -12,11 +12,11 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from .. import fields
-from .._base import AbstractTransform
-from .._fields import POSITIVE_INTEGER, choice, hyperparameter, static
-from .._moments import state_dtype_for, update_dtype, update_moment, widen
-from .._numerics import overflow_exponent, safe_increment
-from .._specs import OWNED, OWNED_ELEMENTWISE, REPLICATED
+from .._core.base import AbstractTransform
+from .._core.fields import POSITIVE_INTEGER, choice, hyperparameter, static
+from .._state.moments import state_dtype_for, update_dtype, update_moment, widen
+from .._util.numerics import overflow_exponent, safe_increment
+from .._core.specs import OWNED, OWNED_ELEMENTWISE, REPLICATED
 from ..sharding._owners import (
     LeafUnits,
     UnitMap,
@@ -27,7 +27,7 @@ from ..sharding._owners import (
     specs_of,
     whole_map,
 )
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 DATA_FORMATS = ("channels_first", "channels_last")

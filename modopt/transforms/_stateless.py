@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform, init_empty_state
-from .._fields import static
+from .._core.base import AbstractTransform, init_empty_state
+from .._core.fields import static
 
 
 class Identity(AbstractTransform):

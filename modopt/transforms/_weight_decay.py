@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState, require_params
-from .._numerics import is_concrete_zero, safe_increment
-from .._trees import map_updates
-from ..combinators._masked import Masked
+from .._core.base import AbstractTransform, EmptyState, require_params
+from .._util.numerics import is_concrete_zero, safe_increment
+from .._util.trees import map_updates
 from ..schedules._base import ScalarOrSchedule, is_schedule
-from .._masks import MaskOrFn
+from .._core.masking import masked_init, masked_update
+from .._core.masks import MaskOrFn
 
 
 class WeightDecaySchedule(NamedTuple):
@@ -26,7 +26,7 @@ def decay_init(tx: Any, params: Any) -> Any:
     """The state of a weight decay `tx` (a transform with fields `weight_decay` and `mask`):
     its masked state with a mask, the step count of a scheduled decay, else empty."""
     if tx.mask is not None:
-        return _unmasked_under_mask(tx).init(params)
+        return masked_init(_unmasked(tx), tx.mask, params)
     if is_schedule(tx.weight_decay):
         return WeightDecaySchedule(count=jnp.zeros([], jnp.int32))
     return EmptyState()
@@ -40,7 +40,7 @@ def decay_update(
     A decay known to be 0 where the step is traced (`weight_decay=0.0`, see
     `modopt.fields.weight_decay`) leaves the updates as they are, as optax's does."""
     if tx.mask is not None:
-        return _unmasked_under_mask(tx).update(updates, state, params, **extra_args)
+        return masked_update(_unmasked(tx), tx.mask, updates, state, params, extra_args)
     require_params(params, tx)
     if is_schedule(tx.weight_decay):
         decay = tx.weight_decay(state.count)
@@ -52,9 +52,9 @@ def decay_update(
     return map_updates(lambda u, p: rule(u, p, decay), updates, params), state
 
 
-def _unmasked_under_mask(tx: Any) -> Masked:
-    """`tx` without its mask, applied through `masked` with it."""
-    return Masked(type(tx)(tx.weight_decay), tx.mask)
+def _unmasked(tx: Any) -> Any:
+    """`tx` without its mask, which the masking core (that of `masked`) applies it under."""
+    return type(tx)(tx.weight_decay)
 
 
 class AddDecayedWeights(AbstractTransform):

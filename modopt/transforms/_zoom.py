@@ -7,12 +7,12 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractTransform
-from .._extra_args import ExtraArg
-from .._fields import NONNEGATIVE, POSITIVE, PROBABILITY_EXCLUSIVE, choice, hyperparameter, static
-from .._trees import cast_like, select
+from .._core.base import AbstractTransform
+from .._core.extra_args import ExtraArg
+from .._core.fields import NONNEGATIVE, POSITIVE, PROBABILITY_EXCLUSIVE, choice, hyperparameter, static
+from .._util.trees import cast_like, select
 from ._linesearch import AT_LEAST_ONE, READS_LOSS, check_count, inner, moved, read_loss, scaled, value_dtype
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 STRATEGIES = ("one", "keep")
 

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 
 from .. import fields
-from .._base import AbstractTransform, EmptyState
-from .._fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
-from .._numerics import safe_increment
-from .._specs import REPLICATED, drop_axis
-from .._trees import cast_like, is_none, map_updates, zeros_like
+from .._core.base import AbstractTransform, EmptyState
+from .._core.fields import FINITE, NONNEGATIVE, POSITIVE, UNIT, hyperparameter, static
+from .._util.numerics import safe_increment
+from .._core.specs import REPLICATED, drop_axis
+from .._util.trees import cast_like, is_none, map_updates, zeros_like
 from ..combinators import Chain
 from ..schedules import AbstractSchedule
 from ..transforms import (
@@ -26,9 +26,9 @@ from ..transforms import (
 )
 from ..transforms._real_only import reject_complex
 from ._base import Optimizer, learning_rate_field
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
-from .._moments import in_update_dtype, state_dtype_for, store, widen
+from .._state.moments import in_update_dtype, state_dtype_for, store, widen
 
 
 class TraxFactoredState(NamedTuple):

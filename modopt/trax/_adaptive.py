@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from .. import fields
-from .._base import EmptyState
-from .._fields import FINITE, POSITIVE, PROBABILITY_EXCLUSIVE, hyperparameter
+from .._core.base import EmptyState
+from .._core.fields import FINITE, POSITIVE, PROBABILITY_EXCLUSIVE, hyperparameter
 from ..combinators import Chain
 from ..transforms import ScaleByAdam, ScaleByAdamState, ScaleByLearningRate, ScaleByRms, ScaleByRmsState
 from ._base import Optimizer, learning_rate_field, weight_decay_after_learning_rate
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

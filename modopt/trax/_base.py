@@ -24,10 +24,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._base import AbstractComposite, AbstractTransform
-from .._fields import as_hyperparameter, hyperparameter, validate_hyperparameters
+from .._core.base import AbstractComposite, AbstractTransform
+from .._core.fields import as_hyperparameter, hyperparameter, validate_hyperparameters
 from ..fields import FINITE_NONNEGATIVE
-from .._updates import apply_updates
+from .._state.updates import apply_updates
 from ..combinators import Chain
 from ..transforms import AddDecayedWeights, ClipByGlobalNorm
 from ._tree import clip_leaves, flatten, l2_norm_of_leaves, unflatten

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from .. import fields
-from .._base import EmptyState
-from .._fields import FINITE, POSITIVE, as_hyperparameter, hyperparameter, static
+from .._core.base import EmptyState
+from .._core.fields import FINITE, POSITIVE, as_hyperparameter, hyperparameter, static
 from ..combinators import Chain
 from ..transforms import ScaleByLearningRate, Trace, TraceState
 from ._base import Optimizer, TraxSide, learning_rate_field, weight_decay_after_learning_rate
-from .._fields import Scalar
+from .._core.fields import Scalar
 from jax.typing import DTypeLike
 
 

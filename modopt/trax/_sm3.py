@@ -11,17 +11,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._base import AbstractTransform, EmptyState
-from .._fields import FINITE, UNIT, choice, hyperparameter, static
-from .._trees import cast_like, is_none
+from .._core.base import AbstractTransform, EmptyState
+from .._core.fields import FINITE, UNIT, choice, hyperparameter, static
+from .._util.trees import cast_like, is_none
 from ..combinators import Chain
 from ..transforms import AddDecayedWeights, Ema, EmaState, ScaleByLearningRate, Trace, TraceState
 from ..transforms._real_only import reject_complex
 from ..transforms._sm3 import _accumulator_specs, _along, _reduce_to_accumulators, _zero_accumulators
 from ._base import Optimizer, TraxSide, learning_rate_field
-from .._fields import Scalar
+from .._core.fields import Scalar
 from .. import fields
-from .._moments import in_update_dtype, store, widen
+from .._state.moments import in_update_dtype, store, widen
 from jax.typing import DTypeLike
 
 

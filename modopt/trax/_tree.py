@@ -11,7 +11,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .._fields import Scalar
+from .._core.fields import Scalar
 
 
 def flatten(tree: Any) -> list[Any]:

@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._trees import cast as cast
-from .._trees import cast_like as cast_like
+from .._util.trees import cast as cast
+from .._util.trees import cast_like as cast_like
 
 _HANDLERS = (None, "promote", "highest", "lowest")
 

@@ -16,15 +16,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._moments import bias_correction as bias_correction
-from .._moments import update_infinity_moment as update_infinity_moment
-from .._moments import update_moment as update_moment
-from .._moments import update_moment_per_elem_norm as update_moment_per_elem_norm
-from .._trees import abs_sq, sum_of_squares
-from .._trees import full_like as full_like
-from .._trees import select as where
-from .._trees import vdot as vdot
-from .._trees import zeros_like as zeros_like
+from .._state.moments import bias_correction as bias_correction
+from .._state.moments import update_infinity_moment as update_infinity_moment
+from .._state.moments import update_moment as update_moment
+from .._state.moments import update_moment_per_elem_norm as update_moment_per_elem_norm
+from .._util.trees import abs_sq, sum_of_squares
+from .._util.trees import full_like as full_like
+from .._util.trees import select as where
+from .._util.trees import vdot as vdot
+from .._util.trees import zeros_like as zeros_like
 from jax.typing import DTypeLike
 
 __all__ = [

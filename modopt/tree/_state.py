@@ -20,8 +20,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._grouping import LeafGroups
-from .._optimizer import Optimizer
+from .._step.grouping import LeafGroups
+from .._step.optimizer import Optimizer
 
 KeyPath = tuple[Any, ...]
 

@@ -73,7 +73,7 @@ def data(kind, shape, seed):
 
 
 def test_tables_equal_bitsandbytes_maps():
-    from modopt._quantization import dynamic_map, linear_map
+    from modopt._state.quantization import dynamic_map, linear_map
 
     for signed in (True, False):
         # bitsandbytes builds its table in float32 steps; ours is float64 rounded once: one

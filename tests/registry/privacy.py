@@ -27,7 +27,7 @@ import warnings
 import jax
 import optax
 
-from modopt._base import AbstractTransform, Part
+from modopt._core.base import AbstractTransform, Part
 from modopt.optimizers._dpsgd import dpsgd
 from modopt.transforms._privacy import differentially_private_aggregate
 

@@ -27,7 +27,7 @@ import optax
 from optax.experimental import aggregating as optax_aggregating
 
 import modopt
-from modopt._base import AbstractTransform, Part
+from modopt._core.base import AbstractTransform, Part
 from modopt.experimental import aggregating
 
 from ._entry import Entry, optax_schedule, schedule

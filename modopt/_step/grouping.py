@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from ._checks import check_state
-from ._extra_args import declared_extra_args
-from .combinators._flatten import ravel, unravel
+from .._core.checks import check_state
+from .._core.declared import declared_extra_args
+from ..combinators._flatten import ravel, unravel
 
 # Measured with an AdamW step on this library's benchmark machine (2 CPU cores): grouping
 # leaves of 256-1024 elements made the step 1.7-2x faster, at 4096 it broke even, at 16k the

@@ -10,16 +10,15 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ._base import AbstractTransform
-from ._checks import warn_user
-from ._fields import Rate, as_hyperparameter, as_rate, complex_violation, field_identity, hyperparameter_names
-from ._fields import validate_hyperparameters
-from ._module import Constant, constant_at
-from .schedules._base import AbstractSchedule, as_schedule, is_schedule
-from .schedules._exact import is_traced
-from .schedules._schedules import ConstantSchedule
+from .._core.base import AbstractTransform, _shown
+from .._core.checks import warn_user
+from .._core.fields import Rate, as_hyperparameter, as_rate, complex_violation, field_identity, hyperparameter_names
+from .._core.fields import validate_hyperparameters
+from .._core.module import Constant, constant_at
+from ..schedules._base import AbstractSchedule, as_schedule, is_schedule
+from ..schedules._exact import is_traced
+from ..schedules._schedules import ConstantSchedule
 
 
 def hyperparameters(tx: AbstractTransform) -> dict[str, Any]:
@@ -171,36 +170,6 @@ def _state_index(tx: AbstractTransform, all_paths: bool = False) -> dict[str, Ca
 
     visit(tx, "", lambda s: s)
     return _named(found, all_paths)
-
-
-def single_learning_rate(tx: AbstractTransform, state: Any) -> jax.Array:
-    """The one learning rate `tx` applies at its next update, read from `state`.
-
-    Several rates with the same concrete value count as one. An `AttributeError` says when
-    there is none, or several (naming each, with its value).
-    """
-    rates = tx.learning_rates(state)
-    if not rates:
-        raise AttributeError(f"{type(tx).__name__} applies no learning rate (no transform of it scales by one).")
-    values = list(rates.values())
-    first = values[0]
-    if len(values) == 1 or all(_same_concrete(first, value) for value in values[1:]):
-        return first
-    shown = ", ".join(f"{name} = {_shown(value)}" for name, value in rates.items())
-    raise AttributeError(
-        f"{type(tx).__name__} applies several learning rates, not one: {shown}. Read them all with "
-        "`learning_rates`."
-    )
-
-
-def _same_concrete(a: Any, b: Any) -> bool:
-    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
-        return False
-    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
-
-
-def _shown(value: Any) -> str:
-    return "traced" if isinstance(value, jax.core.Tracer) else str(np.asarray(value))
 
 
 def _unknown(name: str, names: list[str]) -> str:

@@ -1,10 +1,10 @@
-"""Extra arguments of `update`: what each transform reads, merged over a composition.
+"""The extra arguments a composition reads, merged over its parts, and checked at the call.
 
-optax's `update(updates, state, params, **extra_args)` passes keyword arguments (the loss
-`value`, a `value_fn`...) to every transform of a chain. Here a transform declares the ones it
-reads in `extra_args_spec`, so that `Optimizer.step`, the Flax adapters and direct calls can
-say which argument is missing, for which transform, before anything runs, and can turn a
-function of the model (`value_fn`) into the function of the parameters the transform needs.
+Each transform declares the extra arguments its `update` reads (`ExtraArg`, in
+`extra_args_spec`). `declared_extra_args` merges them over a composition, so that
+`Optimizer.step`, the Flax adapters and direct calls can say which argument is missing, for
+which transform, before anything runs (`check_extra_args`), and can turn a function of the model
+(`value_fn`) into the function of the parameters the transform needs (`adapt_to_params`).
 """
 
 from __future__ import annotations
@@ -14,24 +14,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-
-class ExtraArg(NamedTuple):
-    """An extra argument a transform's `update` reads.
-
-    name: the keyword, e.g. `"value"`.
-    description: what to pass, e.g. `"the loss at the current parameters"`.
-    required: whether `update` fails without it.
-    of_params: the argument is a function of the parameters (e.g. `value_fn`). `Optimizer.step`
-        takes a function of the whole model instead and adapts it.
-    like_params: the argument is a tree shaped like the parameters (e.g. the gradient
-        `grad`). `Optimizer.step` takes one shaped like the model and keeps its trained leaves.
-    """
-
-    name: str
-    description: str
-    required: bool = True
-    of_params: bool = False
-    like_params: bool = False
+from .base import AbstractComposite, AbstractTransform, FromOptax
+from .extra_args import ExtraArg
 
 
 class Declared(NamedTuple):
@@ -51,8 +35,6 @@ def declared_extra_args(tx: Any) -> Declared:
     Args:
         tx: a transform, possibly a composition of others.
     """
-    from ._base import AbstractComposite, AbstractTransform, FromOptax
-
     args: dict[str, tuple[ExtraArg, tuple[str, ...]]] = {}
     is_open = False
 
@@ -102,7 +84,9 @@ def _optax_extra_args(tx: Any) -> tuple[list[ExtraArg], bool]:
     except (TypeError, ValueError):
         return [], False
     specs = [
-        ExtraArg(p.name, "an extra argument of this optax transform", required=p.default is inspect.Parameter.empty)
+        ExtraArg(
+            p.name, "an extra argument of this optax transform", required=p.default is inspect.Parameter.empty
+        )
         for p in parameters
         if p.kind is inspect.Parameter.KEYWORD_ONLY
     ]
@@ -133,7 +117,10 @@ def check_extra_args(tx: Any, given: Mapping[str, Any], where: str) -> Declared:
 
 
 def adapt_to_params(
-    declared: Declared, given: Mapping[str, Any], to_model: Callable[[Any], Any], to_params: Callable[[Any], Any]
+    declared: Declared,
+    given: Mapping[str, Any],
+    to_model: Callable[[Any], Any],
+    to_params: Callable[[Any], Any],
 ) -> dict[str, Any]:
     """`given`, written for the model, as the transform needs it for the trained parameters.
 
@@ -151,24 +138,3 @@ def adapt_to_params(
         elif spec.like_params:
             adapted[name] = to_params(adapted[name])
     return adapted
-
-
-def extra_arg(extra_args: Mapping[str, Any], name: str, owner: Any) -> Any:
-    """`extra_args[name]` for `owner.update`, or a `TypeError` saying what to pass.
-
-    Args:
-        extra_args: the `**extra_args` that `update` received.
-        name: the name of the extra argument to read.
-        owner: the transform reading it, named in the error (its `extra_args_spec` describes the
-            argument).
-    """
-    if name in extra_args:
-        return extra_args[name]
-    spec = next((s for s in type(owner).extra_args_spec if s.name == name), None)
-    what = f" ({spec.description})" if spec else ""
-    raise TypeError(
-        f"{type(owner).__name__}.update needs the extra argument `{name}`{what}: call "
-        f"`update(updates, state, params, {name}=...)` or `optimizer.step(model, grads, {name}=...)`. "
-        "Inside `optax.chain`, which passes extra arguments only to `optax.GradientTransformationExtraArgs`, "
-        "wrap the modopt transform as `optax.GradientTransformationExtraArgs(*tx)`."
-    )

@@ -31,10 +31,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_update_shapes
-from ._trees import is_none
-from ._fields import as_key
-from ._module import Module
+from .._core.checks import check_update_shapes
+from .._util.trees import is_none
+from .._core.fields import as_key
+from .._core.module import Module
 
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 """The parameter dtypes that stochastic rounding and Kahan summation apply to."""

@@ -14,17 +14,16 @@ siblings are the moment updates with the widening done first.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from ._trees import abs_sq, cast_like, map_updates
-from ._fields import Scalar
 from jax.typing import DTypeLike
 
-if TYPE_CHECKING:
-    from ._base import Updates
+from .._core.fields import Scalar
+from .._core.types import Updates
+from .._util.trees import abs_sq, cast_like, map_updates
 
 
 def state_dtype_for(dtype: Any, leaf_dtype: Any) -> Any:

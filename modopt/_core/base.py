@@ -18,19 +18,14 @@ from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ._extra_args import ExtraArg
-from ._fields import pretty, static, tree_hash, validate_hyperparameters
-from ._module import Module
-from ._specs import follow_params
+from .extra_args import ExtraArg
+from .fields import pretty, static, tree_hash, validate_hyperparameters
+from .module import Module
+from .specs import follow_params
+from .types import OptState, Params, PyTree, Updates
 
-PyTree = Any
-Params = Any
-"""A pytree of parameter arrays (a model, a dict of arrays...)."""
-Updates = Any
-"""A pytree of updates (gradients at first), with the structure and shapes of the params."""
-OptState = Any
-"""A transform's state: a pytree of arrays (a named tuple of each transform's fields)."""
 TransformInitFn = Callable[[Params], OptState]
 """`init(params) -> state`."""
 TransformUpdateFn = Callable[..., tuple[Updates, OptState]]
@@ -291,6 +286,36 @@ def merge_named(parts: Any) -> dict[str, Any]:
         for prefix, named in parts
         for name, value in named.items()
     }
+
+
+def single_learning_rate(tx: AbstractTransform, state: Any) -> jax.Array:
+    """The one learning rate `tx` applies at its next update, read from `state`.
+
+    Several rates with the same concrete value count as one. An `AttributeError` says when
+    there is none, or several (naming each, with its value).
+    """
+    rates = tx.learning_rates(state)
+    if not rates:
+        raise AttributeError(f"{type(tx).__name__} applies no learning rate (no transform of it scales by one).")
+    values = list(rates.values())
+    first = values[0]
+    if len(values) == 1 or all(_same_concrete(first, value) for value in values[1:]):
+        return first
+    shown = ", ".join(f"{name} = {_shown(value)}" for name, value in rates.items())
+    raise AttributeError(
+        f"{type(tx).__name__} applies several learning rates, not one: {shown}. Read them all with "
+        "`learning_rates`."
+    )
+
+
+def _same_concrete(a: Any, b: Any) -> bool:
+    if isinstance(a, jax.core.Tracer) or isinstance(b, jax.core.Tracer):
+        return False
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+def _shown(value: Any) -> str:
+    return "traced" if isinstance(value, jax.core.Tracer) else str(np.asarray(value))
 
 
 def inner_transform(**kwargs: Any):

@@ -6,8 +6,8 @@ from typing import Any
 
 import jax
 
-from ._checks import _first_difference
-from ._trees import structure_from_pickle, structure_to_pickle
+from .._core.checks import _first_difference
+from .._util.trees import structure_from_pickle, structure_to_pickle
 
 
 class ModelSignature:

@@ -9,13 +9,12 @@ turns the specs into `NamedSharding`s on a mesh and checks them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 from jax.sharding import PartitionSpec
 
-if TYPE_CHECKING:
-    from ._base import OptState, Params
+from .types import OptState, Params
 
 REPLICATED = PartitionSpec()
 SMALL = 1024  # elements: bookkeeping arrays up to this size are replicated by the generic rule

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_update_shapes
-from ._compensated import apply_updates_stochastic
-from ._trees import is_none, map_updates
-
-if TYPE_CHECKING:
-    from ._base import Params, Updates
+from .._core.checks import check_update_shapes
+from .compensated import apply_updates_stochastic
+from .._core.types import Params, Updates
+from .._util.trees import is_none, map_updates
 
 
 def apply_updates(params: Params, updates: Updates, *, key: jax.Array | None = None) -> Params:

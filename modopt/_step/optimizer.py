@@ -11,30 +11,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._base import AbstractTransform, owned_init, owned_transform
-from ._checks import align_gradients
-from ._compensated import AbstractCompensation, make_compensation
-from ._module import Module
-from ._extra_args import adapt_to_params, check_extra_args
-from ._fields import (
+from .._core.base import AbstractTransform, owned_init, owned_transform, single_learning_rate
+from .._core.checks import align_gradients
+from .._state.compensated import AbstractCompensation, make_compensation
+from .._core.module import Module
+from .._core.declared import adapt_to_params, check_extra_args
+from .._core.fields import (
     as_static_tree,
     is_concrete,
     pretty,
     resolve_tree,
     static,
 )
-from ._grouping import LeafGroups, packed, plan_groups, update_in_layout
-from ._layouts import with_model_layout
-from ._hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state, single_learning_rate
-from ._numerics import safe_increment
-from ._offload import check_memory_kind, to_device, to_host
-from ._signature import ModelSignature
-from ._state_report import StateReport, readable_bytes, report_of, warn_if_large
-from ._trees import is_none
-from ._updates import apply_updates
-from .combinators._diagnostics import diagnostics
-from .sharding._owners import owner_mesh
-from .sharding._shardings import Layout, derive_layout, update_on_mesh
+from .grouping import LeafGroups, packed, plan_groups, update_in_layout
+from .layouts import with_model_layout
+from .hyperparameters import hyperparameters_with_state, set_hyperparameters_with_state
+from .._util.numerics import safe_increment
+from .._state.offload import check_memory_kind, to_device, to_host
+from .._state.signature import ModelSignature
+from .._state.report import StateReport, readable_bytes, report_of, warn_if_large
+from .._util.trees import is_none
+from .._state.updates import apply_updates
+from ..combinators._diagnostics import diagnostics
+from ..sharding._owners import owner_mesh
+from ..sharding._shardings import Layout, derive_layout, update_on_mesh
 
 
 class Optimizer(Module):

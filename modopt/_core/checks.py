@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from ._trees import is_none
+from .._util.trees import is_none
+from .specs import Owned
 
 
 def _children(tree: Any) -> list[tuple[str, Any]]:
@@ -250,8 +251,6 @@ def check_state(transform: Any, state: Any, params: Any) -> None:
 def _owned_leaves(transform: Any, params: Any, expected: Any) -> list[bool]:
     """Per leaf of the state `expected`, whether `transform`'s rule puts it on the owner scheme's
     owners (`OWNED`: a stack of units, which may be stored padded)."""
-    from ._specs import Owned
-
     try:
         specs = transform.state_specs(params, jax.tree_util.tree_map(lambda _: PartitionSpec(), params))
         rules = jax.tree_util.tree_structure(expected).flatten_up_to(specs)
@@ -260,10 +259,13 @@ def _owned_leaves(transform: Any, params: Any, expected: Any) -> list[bool]:
     return [isinstance(rule, Owned) for rule in rules]
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # modopt/, above this folder
+
+
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     """`warnings.warn` attributed to the first caller outside modopt, its integrations and equinox
     (whose bound methods sit between a user and modopt's methods)."""
-    packages = [os.path.dirname(__file__), os.path.dirname(eqx.__file__)]
+    packages = [_PACKAGE, os.path.dirname(eqx.__file__)]
     integrations = sys.modules.get("modopt.integrations")
     if integrations is not None and getattr(integrations, "__file__", None):
         packages.append(os.path.dirname(integrations.__file__))

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from ._trees import abs_sq as abs_sq
-from ._trees import global_norm as global_norm
+from .trees import abs_sq as abs_sq
+from .trees import global_norm as global_norm
 
 
 def safe_norm(

@@ -6,7 +6,7 @@ Equinox stores a `Linear` weight as `(out, in)` (`y = W @ x`), Flax linen and NN
 weight's `MuonDimensionNumbers` from the layer that holds it, and `with_model_layout` gives them
 to every transform of an `Optimizer` whose dimension numbers were left at their default: the
 matrices' to Muon and its variants, the higher-rank kernels' to Kron and Shampoo
-(`kernel_views`: the matrix each kernel is merged into).
+(`modopt.transforms._kernel_views`: the matrix each kernel is merged into).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .transforms._newton_schulz import MuonDimensionNumbers, dimension_numbers_per_leaf, matrix_axes, shape_of
+from ..transforms._kernel_views import last_axis_out, matrix_runs
+from ..transforms._newton_schulz import MuonDimensionNumbers, matrix_axes, shape_of
 
 # A rule: a leaf's shape -> its `MuonDimensionNumbers`, None where it is no weight matrix (a
 # layer's bias: Adam's, whatever its rank), or `_UNKNOWN` where the layer does not tell.
@@ -339,55 +340,6 @@ class ModelLayout:
         return f"ModelLayout(<{count} {'leaf' if count == 1 else 'leaves'} laid out as the model's layers store them>)"
 
 
-Runs = tuple[tuple[int, ...], tuple[int, ...]]
-
-
-def matrix_runs(axes: tuple[tuple[int, ...], ...], ndim: int) -> Runs | None:
-    """The two runs of neighbouring axes, in stored order, whose merge makes a kernel with
-    `axes` (`(batch, reduction, output)`, from `matrix_axes`) the matrix of its layer; `None`
-    where it has batch axes, or its reduction or output axes are not one run each."""
-    batch, reduction, output = axes
-    first, second = sorted((tuple(sorted(reduction)), tuple(sorted(output))))
-    return None if batch or first + second != tuple(range(ndim)) else (first, second)
-
-
-def _last_axis_out(ndim: int) -> Runs:
-    """The runs Kron's and Shampoo's own rules already read: every axis but the last, then the
-    last (Flax's `(*spatial, in, out)` convolution and `(in, out)` layers)."""
-    return tuple(range(ndim - 1)), (ndim - 1,)
-
-
-def kernel_views(spec: Any, tree: Any, owner: str) -> list[Runs | None]:
-    """Per leaf of `tree`, the runs of axes that Kron and Shampoo merge a kernel into (its
-    matrix `(inputs, outputs)`, or `(outputs, inputs)`), from its weight dimension numbers.
-
-    `None` (their own rules) for leaves of rank 2 or less (a matrix is one already), leaves
-    without dimension numbers, and kernels whose runs are every axis but the last, then the
-    last (what the rules read anyway). `spec` is as `dimension_numbers_per_leaf` takes it;
-    dimension numbers with batch axes, or whose reduction or output axes are not each a run of
-    neighbouring axes, are a `ValueError` naming `owner` and the path.
-    """
-    leaves = jax.tree_util.tree_leaves(tree)
-    if spec is None:
-        return [None] * len(leaves)
-    views: list[Runs | None] = []
-    for leaf, (where, dims) in zip(leaves, dimension_numbers_per_leaf(spec, tree, owner)):
-        shape = shape_of(leaf)
-        if dims is None or len(shape) <= 2:
-            views.append(None)
-            continue
-        runs = matrix_runs(matrix_axes(shape, dims, where or "the root", owner), len(shape))
-        if runs is None:
-            raise ValueError(
-                f"{owner}: the weight dimension numbers {dims} at {where or 'the root'} do not make the "
-                f"kernel of shape {shape} a matrix: {owner} merges a kernel's axes in their stored order, "
-                "so its reduction axes and its output axes must each be a run of neighbouring axes, with "
-                "no batch axes. Give None there (the default rules) or such dimension numbers."
-            )
-        views.append(None if runs == _last_axis_out(len(shape)) else runs)
-    return views
-
-
 def _layout_field(tx: Any) -> str | None:
     """The name of the field holding `tx`'s weight dimension numbers, if it has one."""
     return getattr(type(tx), "dimension_numbers_field", None)
@@ -409,7 +361,7 @@ def _model_layout(derived: _Derived, kernels: bool) -> ModelLayout | None:
             for key, (shape, dims) in derived.by_path.items()
             if len(shape) > 2
             and dims is not None
-            and matrix_runs(matrix_axes(shape, dims, str(key), "modopt"), len(shape)) not in (None, _last_axis_out(len(shape)))
+            and matrix_runs(matrix_axes(shape, dims, str(key), "modopt"), len(shape)) not in (None, last_axis_out(len(shape)))
         )
     else:
         oriented = tuple(

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import prefix_difference
-from ._module import Constant, Module, constant_at
+from .checks import prefix_difference
+from .module import Constant, Module, constant_at
 from jax.typing import DTypeLike
 
 # Built like `ScalarOrSchedule` (modopt.schedules), of which it is the part without schedules.
@@ -604,7 +604,7 @@ class StaticTree:
 
     def __reduce__(self):
         # As the tree itself: the treedef of an Equinox-shaped tree does not survive pickle
-        # (see `modopt._trees.structure_to_pickle`).
+        # (see `modopt._util.trees.structure_to_pickle`).
         return StaticTree, (self.tree,)
 
     def __hash__(self):

@@ -9,8 +9,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._optimizer import Optimizer
-from .tree._state import get
+from .optimizer import Optimizer
+from ..tree._state import get
 
 
 def value_and_grad_from_state(value_fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:

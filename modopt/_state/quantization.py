@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._module import Module
+from .._core.module import Module
 
 QUANTIZATIONS = ("dynamic", "linear")
 

@@ -5,9 +5,6 @@ Every transform is an `equinox.Module` whose fields are its hyperparameters, wit
 protocol). `modopt.Optimizer` wraps one with its state for `optimizer.step(model, grads)`.
 """
 
-import importlib as _importlib
-import sys as _sys
-
 from . import assignment as assignment
 from . import combinators as combinators
 from . import contrib as contrib
@@ -136,38 +133,5 @@ for _namespace in (transforms, schedules):
     for _name in _namespace._FROM_COMBINATORS:
         setattr(_namespace, _name, getattr(combinators, _name))
 del _namespace, _name
-
-# Objects pickled before the private modules moved into their layer folders name the modules
-# their classes were in (`modopt._base.EmptyState`, `modopt._optimizer.Optimizer`): each old
-# name is the module at its new place, so that such pickles still load.
-for _old, _new in {
-    "_base": "_core.base",
-    "_checks": "_core.checks",
-    "_extra_args": "_core.extra_args",
-    "_fields": "_core.fields",
-    "_masks": "_core.masks",
-    "_module": "_core.module",
-    "_specs": "_core.specs",
-    "_compensated": "_state.compensated",
-    "_moments": "_state.moments",
-    "_offload": "_state.offload",
-    "_quantization": "_state.quantization",
-    "_signature": "_state.signature",
-    "_state_report": "_state.report",
-    "_state_roles": "_state.roles",
-    "_updates": "_state.updates",
-    "_grouping": "_step.grouping",
-    "_hyperparameters": "_step.hyperparameters",
-    "_jit_step": "_step.jit_step",
-    "_layouts": "_step.layouts",
-    "_optimizer": "_step.optimizer",
-    "_value_and_grad": "_step.value_and_grad",
-    "_numerics": "_util.numerics",
-    "_threefry": "_util.threefry",
-    "_trees": "_util.trees",
-    "_optax_names": "catalog._optax_names",
-}.items():
-    _sys.modules.setdefault(f"{__name__}.{_old}", _importlib.import_module(f"{__name__}.{_new}"))
-del _old, _new
 
 __version__ = "0.1.0"

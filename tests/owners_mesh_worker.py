@@ -23,6 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import pod  # noqa: E402 (sets the device count before jax is imported)
 
 STEPS = 2
+# Shampoo's reference rule merges a matrix of at most 4096 entries into a vector before cutting
+# it into blocks: at the smoke size's width 64, each 64 x 64 matrix becomes 32 rank-one blocks
+# with a 128 x 128 statistic each (seconds a step on one CPU device). At width 128, as on the
+# full-size model, each attention matrix is one block; three layers make a stack of 38 blocks
+# (40 stored on 8 devices: little padding).
+SIZES = {"shampoo": dict(pod.SIZES["smoke"], width=128, layers=3)}
 
 
 def on_its_own(name: str) -> float:
@@ -35,7 +41,7 @@ def on_its_own(name: str) -> float:
 
     import modopt
 
-    size = dict(pod.SIZES["smoke"], layers=1)  # one block: the same kinds of units, in short stacks
+    size = dict(SIZES.get(name, pod.SIZES["smoke"]), layers=1)  # one block: the same kinds of units, in short stacks
     mesh, spec_fn, _, _ = pod.layouts()["tp+zero1"]
     shapes = pod.model_shapes(size["layers"], size["width"], size["vocab"])
     shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec_fn(shapes), is_leaf=lambda x: isinstance(x, PartitionSpec))
@@ -58,11 +64,10 @@ def on_its_own(name: str) -> float:
 
 
 def main(names: list[str], alone: list[str], layouts: list[str]) -> None:
-    size = pod.SIZES["smoke"]
     print(f"goals {json.dumps(pod.GOALS)}", flush=True)
     for name in names:
         for layout in layouts:
-            row = pod.measure(name, layout, size, time_steps=False, check_steps=STEPS)
+            row = pod.measure(name, layout, SIZES.get(name, pod.SIZES["smoke"]), time_steps=False, check_steps=STEPS)
             print(f"row {json.dumps({'name': name, 'layout': layout, 'row': row})}", flush=True)
         if name in alone:
             print(f"alone {json.dumps({'name': name, 'difference': on_its_own(name)})}", flush=True)

@@ -3,7 +3,8 @@ compiled program, stays within bounds, and its numbers are one device's.
 
 The work is in `owners_mesh_worker.py` (one process per group of optimizers: the device count
 must be set before jax is imported). Per optimizer and layout (FSDP; tensor parallelism with
-ZeRO-1; FSDP on a (2, 2, 2) mesh), on the transformer of `benchmarks/pod.py` at its smoke size:
+ZeRO-1; FSDP on a (2, 2, 2) mesh), on the transformer of `benchmarks/pod.py` at its smoke size
+(Shampoo's at width 128, where its reference rule keeps each matrix one block; see the worker):
 
 - communication: the bytes each device receives through collectives in one step, in units of
   P/N (one device's share of the parameters' float32 bytes), on a plain step and on a refresh

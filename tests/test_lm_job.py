@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from modopt.examples import _interrupts
+from testing_signals import sigint_handled_in_children
 from modopt.examples.lm import corpus, job
 from modopt.examples.lm.model import make_model
 
@@ -52,9 +53,10 @@ def start(directory, *extra, hook="", wait=True):
             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
         )
-    if not wait:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    with sigint_handled_in_children():  # the job handles SIGINT and SIGTERM, however the tests were launched
+        if not wait:
+            return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     return done.returncode, done.stdout, done.stderr
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from modopt.examples import _interrupts, digits
+from testing_signals import sigint_handled_in_children
 
 EPOCHS = 5
 # 1437 training images in batches of 64: 22 steps per epoch; the hook points are in the middle.
@@ -54,23 +55,6 @@ def job(tmp_path_factory):
         return command, env
 
     return start
-
-
-@contextlib.contextmanager
-def sigint_handled_in_children():
-    """Processes started inside handle SIGINT as foreground programs do, however this one was
-    launched. One started by a process that ignores SIGINT (a background job of a shell, `nohup
-    ... &`) inherits the ignoring, and the job, like Python itself, then leaves it ignored; a
-    handler, unlike an ignored signal, is reset to the default in a new program. (Not with
-    `preexec_fn`, which runs Python in a forked copy of this multithreaded process.)"""
-    ignored = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        if ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def run_job(job, directory, hook, terminal=False):

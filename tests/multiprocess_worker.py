@@ -378,6 +378,8 @@ MATRIX_OPTIMIZERS = {
     "shampoo": (lambda: modopt.shampoo(1e-2, block_size=8, start_preconditioning_step=1), 1e-3),
     "soap": (lambda: modopt.soap(3e-3, precondition_frequency=2), 2e-4),
     "kron": (lambda: modopt.kron(), 1e-5),
+    # Its projections refreshed by SVD at steps 0 and 2, on their owners; rank 4 of 16 and 8.
+    "galore": (lambda: modopt.contrib.galore(1e-2, rank=4, update_proj_gap=2), 1e-5),
 }
 
 

@@ -189,7 +189,7 @@ def test_pods_page_example_in_two_processes_then_one(run):
 
 
 def test_matrix_optimizers_on_owners_across_two_processes(tmp_path):
-    """The Muon family, Shampoo, SOAP and Kron on the (2, 2) mesh spanning 2 processes, with their
+    """The Muon family, Shampoo, SOAP, Kron and GaLore on the (2, 2) mesh spanning 2 processes, with their
     per-matrix work on owner devices (with and without ZeRO-1 over the processes' axis): the
     unsharded steps, within the registry's tolerances."""
     from multiprocess_worker import MATRIX_OPTIMIZERS

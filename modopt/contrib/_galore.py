@@ -334,9 +334,8 @@ class ScaleByGalore(AbstractWrapper):
                 projector_spec, proxy_spec = PartitionSpec(columns, None), PartitionSpec(rows, None)
             # The rank axis is no parameter's: the mesh axes that split the dimension projected
             # away split it (or the other dimension) instead, so that no device holds it all.
-            axes = tuple(name for entry in entries if entry is not None for name in ((entry,) if isinstance(entry, str) else entry))
-            projector_specs.append(split_further(projector_spec, layout.projector_shape(), axes))
-            proxy_specs.append(split_further(proxy_spec, layout.proxy_shape(), axes))
+            projector_specs.append(split_further(projector_spec, layout.projector_shape(), entries))
+            proxy_specs.append(split_further(proxy_spec, layout.proxy_shape(), entries))
         proxies = jax.eval_shape(lambda: self._proxies_and_projectors(params)[0])
         return GaLoreState(
             count=REPLICATED,

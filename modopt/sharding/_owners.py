@@ -522,19 +522,16 @@ def _run_stacks(fn: StackFn, stacks: UnitStacks, leaves: Sequence[LeafUnits | No
         arrays = tuple(leaves[leaf].units.to_units(x) for x in leaves[leaf].arrays)
         return arrays if extras is None else (*arrays, extras[leaf])
 
-    pieces = [tuple(_concatenate(list(column)) for column in zip(*map(inputs, members))) for members in stacks.members]
+    pieces = stacks.stack([None if leaf is None else inputs(i) for i, leaf in enumerate(leaves)])
     if state is not None:
         for s, st in enumerate(state):
             _stored_length(st, stacks, s)  # raises if the state was made for other parameters
     rows = [None] * len(stacks) if state is None else [_rows(st, stacks.size(s)) for s, st in enumerate(state)]
     outs, new = fn(list(stacks.kinds), pieces, rows)
-    per_leaf: list[Any] = [None] * len(leaves)
-    for members, out in zip(stacks.members, outs):
-        start = 0
-        for leaf in members:
-            end = start + stacks.counts[leaf]
-            per_leaf[leaf] = tuple(leaves[leaf].units.from_units(y[start:end]) for y in out)
-            start = end
+    per_leaf = [
+        None if out is None else tuple(leaf.units.from_units(y) for y in out)
+        for leaf, out in zip(leaves, stacks.unstack([tuple(out) for out in outs]))
+    ]
     return per_leaf, None if state is None else [_pad_like(new_st, st) for new_st, st in zip(new, state)]
 
 

@@ -276,7 +276,7 @@ def unpadded(optimizer: Any) -> Any:
 _MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("modopt_layout_mesh", default=None)
 
 
-def split_further(spec: PartitionSpec, shape: tuple[int, ...], axes: tuple[str, ...]) -> PartitionSpec:
+def split_further(spec: PartitionSpec, shape: tuple[int, ...], axes: Any) -> PartitionSpec:
     """`spec`, further split over the mesh axes `axes` (ZeRO-1's way: each on the largest
     dimension of `shape` it divides, if any) when `modopt.sharding` lays the state out on a mesh;
     `spec` itself otherwise.
@@ -288,12 +288,13 @@ def split_further(spec: PartitionSpec, shape: tuple[int, ...], axes: tuple[str, 
     Args:
         spec: the state leaf's spec from the parameter's.
         shape: the state leaf's shape.
-        axes: the mesh axes to split it over too, where a dimension allows.
+        axes: the mesh axes to split it over too, where a dimension allows: names, or the
+            entries of a `PartitionSpec` (the parameter's: `None`, a name or a tuple of names).
     """
     mesh = _MESH.get()
     if mesh is None:
         return spec
-    for axis in axes:
+    for axis in (name for entry in axes for name in _axis_names(entry)):
         if axis in mesh.shape:
             spec = _with_axis(spec, tuple(shape), axis, mesh)
     return spec

@@ -21,7 +21,16 @@ from .._core.specs import REPLICATED, padded
 from .._util.trees import is_none
 from ..combinators import Chain
 from ..schedules._base import ScalarOrSchedule
-from ..sharding._owners import LeafUnits, UnitStacks, current_mesh, matrix_map, per_unit, run_per_unit, specs_of
+from ..sharding._owners import (
+    LeafUnits,
+    UnitStacks,
+    current_mesh,
+    matrix_map,
+    padded_length,
+    per_unit,
+    run_per_unit,
+    specs_of,
+)
 from ..sharding._shardings import split_further
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
 from .._core.fields import Scalar
@@ -358,8 +367,8 @@ def _project(matrix: jax.Array, projector: jax.Array, layout: _Layout) -> jax.Ar
 def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, mesh: Any) -> list:
     """New projections of every projected leaf, each SVD run on one owner device
     (`modopt.sharding.run_per_unit`): the gradient matrix moves to its owner, and its projection
-    comes back embedded in a matrix shaped like it (`P` in its first `rank` columns, or `P^T` in
-    its first `rank` rows: `rank <= min(m, n)`), laid out as the parameter."""
+    stays there as its stack's state (an `(m, rank)` or `(n, rank)` matrix per unit, where a
+    matrix-shaped output would bring back `m x n`), then takes the layout the state keeps."""
     kinds, leaves = [], []
     for g, layout, spec in zip(grads, layouts, specs):
         if layout is None:
@@ -368,28 +377,28 @@ def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, me
             continue
         kinds.append(((layout.m, layout.n), layout.rank, jnp.result_type(g)))
         leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output), spec))
+    stacks = UnitStacks(kinds, [1] * len(kinds))
+    # Each stack's projections, made on the owners: zeros to start with, one row per owned unit.
+    first = [members[0] for members in stacks.members]
+    made = [
+        jnp.zeros((padded_length(stacks.size(s), mesh), *layouts[leaf].projector_shape()), old[leaf].dtype)
+        for s, leaf in enumerate(first)
+    ]
 
     def work(kinds, pieces, states):
-        return [(per_unit(_embedded_projector, len(x), x, rank=rank),) for (_, rank, _), (x,) in zip(kinds, pieces)], states
+        new = [
+            per_unit(_svd_projector, len(x), x, layout=_Layout((0,), (1,), m, n, rank)).astype(state.dtype)
+            for ((m, n), rank, _), (x,), state in zip(kinds, pieces, states)
+        ]
+        return [() for _ in kinds], new
 
-    done, _ = run_per_unit(work, UnitStacks(kinds, [1] * len(kinds)), leaves, None, mesh)
-    projectors = []
-    for out, p, layout in zip(done, old, layouts):
-        if layout is None:
-            projectors.append(p)
-            continue
-        embedded = layout.to_matrix(out[0])
-        projectors.append(embedded[:, : layout.rank] if layout.left else embedded[: layout.rank, :].T)
-    return projectors
-
-
-def _embedded_projector(matrix: jax.Array, *, rank: int) -> jax.Array:
-    """`_svd_projector` of an `(m, n)` matrix, embedded in a zero matrix of its shape."""
-    m, n = matrix.shape
-    layout = _Layout((0,), (1,), m, n, rank)
-    projector = _svd_projector(matrix, layout)
-    zeros = jnp.zeros_like(matrix)
-    return zeros.at[:, :rank].set(projector) if layout.left else zeros.at[:rank, :].set(projector.T)
+    _, new = run_per_unit(work, stacks, leaves, made, mesh)
+    # A unit's rows taken from a stack split along its units would gather the whole stack on
+    # every device: split each stack along the projections' rows first (one all-to-all).
+    spread = NamedSharding(mesh, PartitionSpec(None, tuple(mesh.axis_names), None))
+    new = [x if x.shape[1] % mesh.size else jax.lax.with_sharding_constraint(x, spread) for x in new]
+    rows = stacks.unstack(new)
+    return [p if layout is None else rows[i][0] for i, (p, layout) in enumerate(zip(old, layouts))]
 
 
 def _group_entry(entries: tuple, axes: tuple[int, ...]) -> Any:

@@ -393,10 +393,6 @@ def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, me
         return [() for _ in kinds], new
 
     _, new = run_per_unit(work, stacks, leaves, made, mesh)
-    # A unit's rows taken from a stack split along its units would gather the whole stack on
-    # every device: split each stack along the projections' rows first (one all-to-all).
-    spread = NamedSharding(mesh, PartitionSpec(None, tuple(mesh.axis_names), None))
-    new = [x if x.shape[1] % mesh.size else jax.lax.with_sharding_constraint(x, spread) for x in new]
     rows = stacks.unstack(new)
     return [p if layout is None else rows[i][0] for i, (p, layout) in enumerate(zip(old, layouts))]
 

@@ -161,15 +161,18 @@ class ScaleByGalore(AbstractWrapper):
     `sgd(1.0)`, ...; not `adamw`: use `galore`'s `weight_decay`). Extra arguments reach it.
 
     On a mesh (`modopt.sharding`'s owner scheme), each refresh's SVDs run one per owner device:
-    a gradient matrix moves to its owner and its projection comes back, on refresh steps only,
-    instead of every device gathering every matrix and computing every SVD.
+    a gradient matrix moves to its owner, and its projection (`(m, r)` or `(n, r)`, not a
+    matrix of the parameter's size) moves from there to where the state keeps it, on refresh
+    steps only, instead of every device gathering every matrix and computing every SVD.
 
     Sharding (`state_specs`): a projection `(m, r)` splits its `m` axis as the parameter
-    splits its row axes, and `(n, r)` its `n` axis as the parameter's column axes; the rank
-    axis is never split. A group of several axes keeps the split of its first axis when the
-    others are unsplit (the merged axis is then split in the same blocks), and is unsplit
-    otherwise. The projected moments `(r, n)` / `(m, r)` split their `n` / `m` axis the same
-    way, and the base optimizer places its state on those specs by its own rule. The
+    splits its row axes, and `(n, r)` its `n` axis as the parameter's column axes. A group of
+    several axes keeps the split of its first axis when the others are unsplit (the merged axis
+    is then split in the same blocks), and is unsplit otherwise. The projected moments
+    `(r, n)` / `(m, r)` split their `n` / `m` axis the same way. The mesh axes that split the
+    dimension a state leaf lacks split it further where a dimension allows
+    (`modopt.sharding.split_further`), so that no device holds it whole along them; the base
+    optimizer places its state on those specs by its own rule. The
     `(0, 0)` placeholders and the count are replicated; parameters that are not projected
     keep the parameters' specs.
 
@@ -378,7 +381,9 @@ def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, me
         kinds.append(((layout.m, layout.n), layout.rank, jnp.result_type(g)))
         leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output), spec))
     stacks = UnitStacks(kinds, [1] * len(kinds))
-    # Each stack's projections, made on the owners: zeros to start with, one row per owned unit.
+    # The projections are per-unit results that stay where they are computed, as a stack's state
+    # does: each stack gets a zero state (one row per unit, padded as the owners split it) that
+    # the work replaces.
     first = [members[0] for members in stacks.members]
     made = [
         jnp.zeros((padded_length(stacks.size(s), mesh), *layouts[leaf].projector_shape()), old[leaf].dtype)

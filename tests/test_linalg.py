@@ -384,6 +384,22 @@ def test_safe_int32_increment_rejects_other_dtypes(dtype):
         modopt.safe_int32_increment(jnp.asarray(1, dtype))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32], ids=lambda d: d.__name__)
+def test_powers_of_two_and_exponents_are_ldexp_and_frexp(dtype):
+    """The scales of the matrix optimizers' huge-gradient guards (written from the dtypes' bit
+    fields) against `jnp.ldexp` and `jnp.frexp`: every power of two from far below the dtype's
+    range to far above it, and the exponents of normal numbers across the range."""
+    k = jnp.arange(-400, 400, dtype=jnp.int32)
+    ours = jax.jit(lambda k: _numerics.power_of_two(k, dtype))(k)
+    theirs = jax.jit(lambda k: jnp.ldexp(jnp.ones(k.shape, dtype), k))(k)
+    np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
+    info = jnp.finfo(dtype)
+    exponents = jax.random.uniform(jax.random.key(0), (4096,), jnp.float32, info.minexp, info.maxexp)
+    x = jnp.concatenate([jnp.exp2(exponents), jnp.asarray([info.tiny, info.max, 1.0, 0.5, 3.0])]).astype(dtype)
+    x = x[jnp.isfinite(x) & (x >= info.tiny)]
+    np.testing.assert_array_equal(jax.jit(_numerics._exponent)(x), jnp.frexp(x)[1])
+
+
 @pytest.mark.parametrize("module", [_numerics, _power_iteration, _matrix_root])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -97,7 +97,7 @@ def overflow_scale(x: ArrayLike, batch_dims: int = 0, bound: int | None = None) 
     x = jnp.asarray(x)
     k = overflow_exponent(x, batch_dims, bound)
     real = jnp.finfo(x.dtype).dtype  # a complex array's real dtype
-    return jnp.ldexp(jnp.ones(k.shape, real), -k).reshape(k.shape + (1,) * (x.ndim - batch_dims))
+    return power_of_two(-k, real).reshape(k.shape + (1,) * (x.ndim - batch_dims))
 
 
 def overflow_exponent(x: ArrayLike, batch_dims: int = 0, bound: int | None = None) -> jax.Array:
@@ -106,9 +106,46 @@ def overflow_exponent(x: ArrayLike, batch_dims: int = 0, bound: int | None = Non
     x = jnp.asarray(x)
     bound = jnp.finfo(x.dtype).maxexp // 4 if bound is None else bound
     top = jnp.max(jnp.abs(x), axis=tuple(range(batch_dims, x.ndim)), initial=0)
-    _, exponent = jnp.frexp(top)  # top = m * 2**exponent, 0.5 <= m < 1
-    k = jnp.maximum(exponent - bound, 0)
+    k = jnp.maximum(_exponent(top) - bound, 0)
     return jnp.where(jnp.isfinite(top), k, 0).astype(jnp.int32)
+
+
+# The IEEE binary formats, whose exponent field is read and written directly below (a few
+# integer operations, where `jnp.frexp` and `jnp.ldexp` handle every case in dozens, each
+# compiled: a matrix optimizer takes scales of many blocks in one step).
+_BITS = {jnp.dtype(jnp.float16): jnp.int16, jnp.dtype(jnp.bfloat16): jnp.int16,
+         jnp.dtype(jnp.float32): jnp.int32, jnp.dtype(jnp.float64): jnp.int64}  # fmt: skip
+
+
+def _exponent(top: jax.Array) -> jax.Array:
+    """`jnp.frexp(top)[1]` (`top = m * 2**e`, `0.5 <= m < 1`) for normal `top >= 0`, and `minexp`
+    for zero and subnormals: enough for `overflow_exponent`'s comparison with its bound.
+    Non-finite `top`: any value."""
+    dtype = jnp.dtype(top.dtype)
+    if dtype not in _BITS:
+        return jnp.frexp(top)[1]
+    info = jnp.finfo(dtype)
+    field = (jax.lax.bitcast_convert_type(top, _BITS[dtype]) >> info.nmant) & ((1 << info.nexp) - 1)
+    return field.astype(jnp.int32) - (info.maxexp - 2)  # the biased field is e + maxexp - 2
+
+
+def power_of_two(k: ArrayLike, dtype: jnp.dtype = jnp.float32) -> jax.Array:
+    """`2.0**k` in `dtype` for integer `k` (an array, traced or not): `jnp.ldexp(1, k)`, written
+    as the product of two powers of two built from their exponent fields, each a normal number
+    (exact; 0 or infinity beyond the dtype's range, as XLA flushes subnormals)."""
+    k = jnp.asarray(k, jnp.int32)
+    dtype = jnp.dtype(dtype)
+    if dtype not in _BITS:
+        return jnp.ldexp(jnp.ones(k.shape, dtype), k)
+    info = jnp.finfo(dtype)
+    bits = _BITS[dtype]
+
+    def normal(e):  # 2**e for minexp <= e <= maxexp - 1
+        e = jnp.clip(e, info.minexp, info.maxexp - 1) + (info.maxexp - 1)
+        return jax.lax.bitcast_convert_type(e.astype(bits) << info.nmant, dtype)
+
+    half = k >> 1  # floor(k / 2)
+    return normal(half) * normal(k - half)
 
 
 def scaled_norm(x: ArrayLike) -> jax.Array:

@@ -25,7 +25,7 @@ from .._core.fields import (
 )
 from .._core.fields import Scalar
 from .._state.moments import init_state, update_dtype, widen
-from .._util.numerics import overflow_exponent, safe_increment, scaled_norm
+from .._util.numerics import overflow_exponent, power_of_two, safe_increment, scaled_norm
 from ._kernel_views import kernel_views
 from .._core.specs import OWNED, REPLICATED
 from .._core.specs import padded as spec_entries
@@ -635,8 +635,8 @@ class ScaleByShampoo(AbstractTransform):
         new, new_scales = [], []
         for x, stats, e, extra in zip(blocks, statistics, scales, extras):
             e_new = jnp.maximum(e, 2 * overflow_exponent(x, 1, _BOUND))
-            shrink = jnp.ldexp(jnp.ones((), jnp.float32), e - e_new)[:, None, None]  # the old statistics'
-            x = x * jnp.ldexp(jnp.ones((), jnp.float32), -(e_new // 2)).reshape(-1, *(1,) * (x.ndim - 1))
+            shrink = power_of_two(e - e_new)[:, None, None]  # the old statistics'
+            x = x * power_of_two(-(e_new // 2)).reshape(-1, *(1,) * (x.ndim - 1))
             fresh = tuple(jnp.where(due, beta2 * (s * shrink) + w2 * _gram(x, j), s) for j, s in enumerate(stats))
             e_fresh = jnp.where(due, e_new, e)
             if len(extra) > 1:  # blocks without an update keep theirs
@@ -722,7 +722,7 @@ class ScaleByShampoo(AbstractTransform):
         (the numbers of its static value, see `matrix_inverse_pth_root`)."""
         ridge = self.matrix_epsilon
         if not self.relative_matrix_epsilon:
-            ridge = ridge * jnp.ldexp(jnp.ones((), jnp.float32), -log2_scale)
+            ridge = ridge * power_of_two(-log2_scale)
         root, error = matrix_inverse_pth_root(
             matrix,
             p,
@@ -783,17 +783,16 @@ class ScaleByShampoo(AbstractTransform):
         if kind == "sqrt_n":
             return jnp.sign(g), None, None
         scaled = g / (scaled_norm(g) + _TINY) if kind.endswith("_normalized") else g
-        one = jnp.ones((), jnp.float32)
         new_scale = jnp.maximum(scale, 2 * overflow_exponent(scaled))
-        diagonal = diagonal * jnp.ldexp(one, scale - new_scale).astype(diagonal.dtype)
-        square = jnp.square(scaled * jnp.ldexp(one, -(new_scale // 2)))
+        diagonal = diagonal * power_of_two(scale - new_scale).astype(diagonal.dtype)
+        square = jnp.square(scaled * power_of_two(-(new_scale // 2)))
         if kind.startswith("adagrad"):
             new_diagonal = diagonal + square
         else:
             beta2 = self.beta2
             w2 = jnp.where(jnp.asarray(beta2) == 1.0, 1.0, 1 - beta2)
             new_diagonal = beta2 * diagonal + w2 * square
-        root = jnp.sqrt(new_diagonal) * jnp.ldexp(one, new_scale // 2)
+        root = jnp.sqrt(new_diagonal) * power_of_two(new_scale // 2)
         update = scaled / (root + self.diagonal_epsilon)
         if kind.startswith("rmsprop") and self.clip_by_scaled_gradient_norm is not None:
             rms = scaled_norm(update) / jnp.sqrt(float(update.size))

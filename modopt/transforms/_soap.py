@@ -15,7 +15,7 @@ from .. import fields
 from .._core.base import AbstractTransform
 from .._core.fields import POSITIVE_INTEGER, choice, hyperparameter, static
 from .._state.moments import state_dtype_for, update_dtype, update_moment, widen
-from .._util.numerics import overflow_exponent, safe_increment
+from .._util.numerics import overflow_exponent, power_of_two, safe_increment
 from .._core.specs import OWNED, OWNED_ELEMENTWISE, REPLICATED
 from ..sharding._owners import (
     LeafUnits,
@@ -503,10 +503,9 @@ class ScaleBySoap(AbstractTransform):
         divided by the old scale, divided by the new one. All 1 and unchanged for ordinary
         gradients: a power of two scales exactly."""
         new = jnp.maximum(scale, 2 * overflow_exponent(g, 0, _BOUND))
-        one = jnp.ones((), jnp.float32)
-        shrink = jnp.ldexp(one, scale - new)
+        shrink = power_of_two(scale - new)
         stats = tuple(None if s is None else s * shrink.astype(s.dtype) for s in stats)
-        return new, jnp.ldexp(one, -(new // 2)), stats
+        return new, power_of_two(-(new // 2)), stats
 
     def _moments(self, lay, g, mu, nu, stats, bases, scale, *, count, turned=None):
         """Adam in the eigenbasis `bases`, and the statistics' update: the update (in
@@ -515,11 +514,11 @@ class ScaleBySoap(AbstractTransform):
         mu, nu = widen(mu, self.mu_dtype), widen(nu, self.nu_dtype)
         old_scale = scale
         scale, factor, stats = self._rescaled(g, scale, stats)
-        nu = nu * jnp.ldexp(jnp.ones((), jnp.float32), old_scale - scale).astype(nu.dtype)
+        nu = nu * power_of_two(old_scale - scale).astype(nu.dtype)
         rotated = _rotate(g, lay, bases, back=False)
         mu = update_moment(rotated.astype(mu.dtype), mu, self.b1, 1)
         nu = update_moment((rotated * factor.astype(rotated.dtype)).astype(nu.dtype), nu, self.b2, 2)
-        root = jnp.sqrt(nu) * jnp.ldexp(jnp.ones((), jnp.float32), scale // 2).astype(nu.dtype)
+        root = jnp.sqrt(nu) * power_of_two(scale // 2).astype(nu.dtype)
         direction = _rotate(mu / (root + self.eps), lay, bases, back=True)
         if self.normalize_grads:
             direction = direction / (1e-30 + jnp.sqrt(jnp.mean(jnp.square(direction))))

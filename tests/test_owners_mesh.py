@@ -4,7 +4,8 @@ compiled program, stays within bounds, and its numbers are one device's.
 The work is in `owners_mesh_worker.py` (one process per group of optimizers: the device count
 must be set before jax is imported). Per optimizer and layout (FSDP; tensor parallelism with
 ZeRO-1; FSDP on a (2, 2, 2) mesh), on the transformer of `benchmarks/pod.py` at its smoke size
-(Shampoo's at width 128, where its reference rule keeps each matrix one block; see the worker):
+(Shampoo's and GaLore's at width 128: there Shampoo's reference rule keeps each matrix one block,
+and GaLore's rank 16 is an eighth of the width, as in the benchmark; see the worker):
 
 - communication: the bytes each device receives through collectives in one step, in units of
   P/N (one device's share of the parameters' float32 bytes), on a plain step and on a refresh
@@ -31,7 +32,7 @@ import pytest
 
 WORKER = os.path.join(os.path.dirname(__file__), "owners_mesh_worker.py")
 TIMEOUT = 900
-GROUPS = [["muon", "normuon", "adamuon", "adamw"], ["shampoo", "soap"], ["kron"]]
+GROUPS = [["muon", "normuon", "adamuon", "adamw"], ["shampoo", "soap"], ["kron", "galore"]]
 TOLERANCE = {"muon": 1e-3, "normuon": 1e-3, "adamuon": 1e-3, "soap": 2e-4}
 # Stepped on its own: once per way of cutting units (NorMuon and AdaMuon cut as Muon does).
 ALONE = ("muon", "shampoo", "soap", "kron")
@@ -39,7 +40,7 @@ ALONE = ("muon", "shampoo", "soap", "kron")
 # one does: it is checked once (Kron, the quickest of the stacking optimizers to compile), for
 # stacks and moves over three mesh axes.
 TWO_LAYOUTS = ("fsdp", "tp+zero1")
-LAYOUTS = {name: TWO_LAYOUTS for name in ("muon", "normuon", "adamuon", "adamw", "shampoo", "soap")}
+LAYOUTS = {name: TWO_LAYOUTS for name in ("muon", "normuon", "adamuon", "adamw", "shampoo", "soap", "galore")}
 ALL_LAYOUTS = ("fsdp", "fsdp 2x2x2", "tp+zero1")
 
 

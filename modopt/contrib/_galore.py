@@ -26,10 +26,12 @@ from ..sharding._owners import (
     UnitStacks,
     current_mesh,
     matrix_map,
+    owner_spec,
     padded_length,
     per_unit,
     run_per_unit,
     specs_of,
+    split_rows,
 )
 from ..sharding._shardings import split_further
 from ..transforms import AddDecayedWeights, ScaleByAdam, ScaleByLearningRate
@@ -291,21 +293,26 @@ class ScaleByGalore(AbstractWrapper):
         widened = [g if layout is None else widen(g, dtype) for g, layout in zip(leaves, layouts)]
         mesh = current_mesh()
 
-        def refreshed():
-            if mesh is None:
-                return [
+        if mesh is None:
+            projectors = jax.lax.cond(
+                refresh,
+                lambda: [
                     p if layout is None else _svd_projector(layout.to_matrix(g), layout)
                     for g, p, layout in zip(widened, old_projectors, layouts)
-                ]
-            # Every SVD on one owner device; the new projections laid out as the state keeps them.
-            new = _projectors_on_owners(widened, old_projectors, layouts, specs, mesh)
+                ],
+                lambda: old_projectors,
+            )
+        else:
+            # Every SVD on one owner device, its projection kept there in its stack; then each
+            # device takes its rows of them, laid out as the state keeps them. Two conditionals:
+            # the stacks are made whole between them (XLA fuses nothing across one), not fused
+            # into every piece of the exchange.
+            stacks, made = _projection_stacks(widened, layouts, specs, old_projectors, mesh)
+            new = jax.lax.cond(refresh, lambda: _svd_on_owners(stacks, made, mesh), lambda: made)
             stored = specs_of(state.projector)
-            return [
-                p if spec is None else jax.lax.with_sharding_constraint(p, NamedSharding(mesh, spec))
-                for p, spec in zip(new, stored)
-            ]
-
-        projectors = jax.lax.cond(refresh, refreshed, lambda: old_projectors)
+            projectors = jax.lax.cond(
+                refresh, lambda: _taken_out(stacks, new, old_projectors, stored, mesh), lambda: old_projectors
+            )
         projected = [
             g if layout is None else _project(layout.to_matrix(g), p, layout)
             for g, p, layout in zip(widened, projectors, layouts)
@@ -367,11 +374,18 @@ def _project(matrix: jax.Array, projector: jax.Array, layout: _Layout) -> jax.Ar
     return projector.T @ matrix if layout.left else matrix @ projector
 
 
-def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, mesh: Any) -> list:
-    """New projections of every projected leaf, each SVD run on one owner device
-    (`modopt.sharding.run_per_unit`): the gradient matrix moves to its owner, and its projection
-    stays there as its stack's state (an `(m, rank)` or `(n, rank)` matrix per unit, where a
-    matrix-shaped output would bring back `m x n`), then takes the layout the state keeps."""
+class _Stacks(NamedTuple):
+    """GaLore's projected leaves as stacks of the owner scheme (`modopt.sharding.run_per_unit`):
+    a unit per gradient matrix, stacked by shape, rank and dtype."""
+
+    stacks: UnitStacks
+    leaves: list
+    layouts: list
+
+
+def _projection_stacks(grads: list, layouts: list, specs: list, old: list, mesh: Any) -> tuple[_Stacks, list]:
+    """The stacks of the projected leaves, and per stack a zero state of its projections (an
+    `(m, rank)` or `(n, rank)` matrix per unit, padded as the owners split it)."""
     kinds, leaves = [], []
     for g, layout, spec in zip(grads, layouts, specs):
         if layout is None:
@@ -381,14 +395,18 @@ def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, me
         kinds.append(((layout.m, layout.n), layout.rank, jnp.result_type(g)))
         leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output), spec))
     stacks = UnitStacks(kinds, [1] * len(kinds))
-    # The projections are per-unit results that stay where they are computed, as a stack's state
-    # does: each stack gets a zero state (one row per unit, padded as the owners split it) that
-    # the work replaces.
-    first = [members[0] for members in stacks.members]
-    made = [
-        jnp.zeros((padded_length(stacks.size(s), mesh), *layouts[leaf].projector_shape()), old[leaf].dtype)
-        for s, leaf in enumerate(first)
-    ]
+    made = []
+    for s, members in enumerate(stacks.members):
+        leaf = members[0]
+        zeros = jnp.zeros((padded_length(stacks.size(s), mesh), *layouts[leaf].projector_shape()), old[leaf].dtype)
+        made.append(jax.lax.with_sharding_constraint(zeros, NamedSharding(mesh, owner_spec(len(zeros), mesh))))
+    return _Stacks(stacks, leaves, layouts), made
+
+
+def _svd_on_owners(stacks: _Stacks, made: list, mesh: Any) -> list:
+    """New projections, each SVD run on one owner device: the gradient matrix moves to its
+    owner, and its projection stays there as its stack's state (where a matrix-shaped output
+    would bring back `m x n`)."""
 
     def work(kinds, pieces, states):
         new = [
@@ -397,9 +415,22 @@ def _projectors_on_owners(grads: list, old: list, layouts: list, specs: list, me
         ]
         return [() for _ in kinds], new
 
-    _, new = run_per_unit(work, stacks, leaves, made, mesh)
-    rows = stacks.unstack(new)
-    return [p if layout is None else rows[i][0] for i, (p, layout) in enumerate(zip(old, layouts))]
+    return run_per_unit(work, stacks.stacks, stacks.leaves, made, mesh)[1]
+
+
+def _taken_out(stacks: _Stacks, new: list, old: list, stored: list, mesh: Any) -> list:
+    """Each leaf's projection out of its stack, laid out as the state keeps it (`stored`): each
+    device first takes its rows of every projection (`split_rows`; a unit taken out of a stack
+    split along its units is gathered whole to every device)."""
+    rows = stacks.stacks.unstack([x if (split := split_rows(x, mesh)) is None else split for x in new])
+    return [
+        p if layout is None else _constrained(rows[i][0], spec, mesh)
+        for i, (p, layout, spec) in enumerate(zip(old, stacks.layouts, stored))
+    ]
+
+
+def _constrained(x: jax.Array, spec: PartitionSpec | None, mesh: Any) -> jax.Array:
+    return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def _group_entry(entries: tuple, axes: tuple[int, ...]) -> Any:

@@ -620,6 +620,27 @@ def _on_each_owner(fn: StackFn, kinds: list, pieces: list, states: list, specs: 
     return run(pieces, states)
 
 
+def split_rows(stack: jax.Array, mesh: Any) -> jax.Array | None:
+    """A stack split along its units over `owner_axes` (as `run_per_unit` returns a state),
+    split along its axis 1 over the same axes instead, by one all-to-all: each device then holds
+    its rows of every unit, so that taking one unit out of the stack moves nothing (from a stack
+    split along its units, a unit taken out is gathered whole to every device). `None` where the
+    stack is not split or its axis 1 does not divide over those axes."""
+    axes = owner_axes(stack.shape[0], mesh)
+    ways = math.prod(mesh.shape[a] for a in axes)
+    if not axes or stack.ndim < 2 or stack.shape[1] % ways:
+        return None
+    entry = _spec(axes)[0]
+    run = jax.shard_map(
+        lambda x: jax.lax.all_to_all(x, tuple(axes), 1, 0, tiled=True),
+        mesh=mesh,
+        in_specs=PartitionSpec(entry),
+        out_specs=PartitionSpec(None, entry),
+        check_vma=False,
+    )
+    return run(stack)
+
+
 def per_unit(fn: Callable[..., Any], count: int, *args: Any, **kwargs: Any) -> Any:
     """`fn` on each unit of arguments stacked along axis 0, or called on the one unit as it is
     when `count` is 1 (a leaf that is one unit, a whole matrix, runs the very code of the

@@ -56,10 +56,11 @@ def test_registry_entries_sharded_and_zero(names):
 
 def test_registry_entries_on_explicit_axes():
     """The same on a mesh with Explicit axes, where every array's sharding is typed (a typed
-    PRNG key in the state included: noisy_sgd; matrix optimizers on owners: muon, kron), with
+    PRNG key in the state included: noisy_sgd; matrix optimizers on owners: muon, kron, and
+    galore, whose refresh exchanges its projections' rows in a `shard_map` of its own), with
     and without ZeRO-1; Kron's last step also run eagerly (not under jit), with the jitted
     step's numbers."""
-    names = ["adam", "adafactor_full", "partition", "clip_by_global_norm", "noisy_sgd", "muon", "kron"]
+    names = ["adam", "adafactor_full", "partition", "clip_by_global_norm", "noisy_sgd", "muon", "kron", "galore"]
     output = run_worker("registry_explicit", *names)
     for name in names:
         assert f"ok {name} explicit" in output

@@ -57,7 +57,7 @@ def test_registry_entries_sharded_and_zero(names):
 def test_registry_entries_on_explicit_axes():
     """The same on a mesh with Explicit axes, where every array's sharding is typed (a typed
     PRNG key in the state included: noisy_sgd; matrix optimizers on owners: muon, kron, and
-    galore, whose refresh exchanges its projections' rows in a `shard_map` of its own), with
+    galore's refresh, whose two conditionals hold the owners' work), with
     and without ZeRO-1; Kron's last step also run eagerly (not under jit), with the jitted
     step's numbers."""
     names = ["adam", "adafactor_full", "partition", "clip_by_global_norm", "noisy_sgd", "muon", "kron", "galore"]

@@ -141,9 +141,11 @@ def power_of_two(k: ArrayLike, dtype: jnp.dtype = jnp.float32) -> jax.Array:
     bits = _BITS[dtype]
 
     def normal(e):  # 2**e for minexp <= e <= maxexp - 1
-        e = jnp.clip(e, info.minexp, info.maxexp - 1) + (info.maxexp - 1)
-        return jax.lax.bitcast_convert_type(e.astype(bits) << info.nmant, dtype)
+        return jax.lax.bitcast_convert_type((e + (info.maxexp - 1)).astype(bits) << info.nmant, dtype)
 
+    # Beyond twice the range the product is 0 or infinity all the same; within it, both halves
+    # are normal exponents.
+    k = jnp.clip(k, 2 * info.minexp, 2 * (info.maxexp - 1))
     half = k >> 1  # floor(k / 2)
     return normal(half) * normal(k - half)
 

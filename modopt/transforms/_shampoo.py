@@ -636,7 +636,7 @@ class ScaleByShampoo(AbstractTransform):
         for x, stats, e, extra in zip(blocks, statistics, scales, extras):
             e_new = jnp.maximum(e, 2 * overflow_exponent(x, 1, _BOUND))
             shrink = power_of_two(e - e_new)[:, None, None]  # the old statistics'
-            x = x * power_of_two(-(e_new // 2)).reshape(-1, *(1,) * (x.ndim - 1))
+            x = x * power_of_two(-(e_new >> 1)).reshape(-1, *(1,) * (x.ndim - 1))
             fresh = tuple(jnp.where(due, beta2 * (s * shrink) + w2 * _gram(x, j), s) for j, s in enumerate(stats))
             e_fresh = jnp.where(due, e_new, e)
             if len(extra) > 1:  # blocks without an update keep theirs
@@ -785,14 +785,14 @@ class ScaleByShampoo(AbstractTransform):
         scaled = g / (scaled_norm(g) + _TINY) if kind.endswith("_normalized") else g
         new_scale = jnp.maximum(scale, 2 * overflow_exponent(scaled))
         diagonal = diagonal * power_of_two(scale - new_scale).astype(diagonal.dtype)
-        square = jnp.square(scaled * power_of_two(-(new_scale // 2)))
+        square = jnp.square(scaled * power_of_two(-(new_scale >> 1)))
         if kind.startswith("adagrad"):
             new_diagonal = diagonal + square
         else:
             beta2 = self.beta2
             w2 = jnp.where(jnp.asarray(beta2) == 1.0, 1.0, 1 - beta2)
             new_diagonal = beta2 * diagonal + w2 * square
-        root = jnp.sqrt(new_diagonal) * power_of_two(new_scale // 2)
+        root = jnp.sqrt(new_diagonal) * power_of_two(new_scale >> 1)
         update = scaled / (root + self.diagonal_epsilon)
         if kind.startswith("rmsprop") and self.clip_by_scaled_gradient_norm is not None:
             rms = scaled_norm(update) / jnp.sqrt(float(update.size))

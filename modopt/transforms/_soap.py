@@ -505,7 +505,7 @@ class ScaleBySoap(AbstractTransform):
         new = jnp.maximum(scale, 2 * overflow_exponent(g, 0, _BOUND))
         shrink = power_of_two(scale - new)
         stats = tuple(None if s is None else s * shrink.astype(s.dtype) for s in stats)
-        return new, power_of_two(-(new // 2)), stats
+        return new, power_of_two(-(new >> 1)), stats
 
     def _moments(self, lay, g, mu, nu, stats, bases, scale, *, count, turned=None):
         """Adam in the eigenbasis `bases`, and the statistics' update: the update (in
@@ -518,7 +518,7 @@ class ScaleBySoap(AbstractTransform):
         rotated = _rotate(g, lay, bases, back=False)
         mu = update_moment(rotated.astype(mu.dtype), mu, self.b1, 1)
         nu = update_moment((rotated * factor.astype(rotated.dtype)).astype(nu.dtype), nu, self.b2, 2)
-        root = jnp.sqrt(nu) * power_of_two(scale // 2).astype(nu.dtype)
+        root = jnp.sqrt(nu) * power_of_two(scale >> 1).astype(nu.dtype)
         direction = _rotate(mu / (root + self.eps), lay, bases, back=True)
         if self.normalize_grads:
             direction = direction / (1e-30 + jnp.sqrt(jnp.mean(jnp.square(direction))))

@@ -423,14 +423,12 @@ def _taken_out(stacks: _Stacks, new: list, old: list, stored: list, mesh: Any) -
     device first takes its rows of every projection (`split_rows`; a unit taken out of a stack
     split along its units is gathered whole to every device)."""
     rows = stacks.stacks.unstack([x if (split := split_rows(x, mesh)) is None else split for x in new])
-    return [
-        p if layout is None else _constrained(rows[i][0], spec, mesh)
-        for i, (p, layout, spec) in enumerate(zip(old, stacks.layouts, stored))
-    ]
-
-
-def _constrained(x: jax.Array, spec: PartitionSpec | None, mesh: Any) -> jax.Array:
-    return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    projectors = []
+    for p, layout, spec, row in zip(old, stacks.layouts, stored, rows):
+        if layout is not None:
+            p = row[0] if spec is None else jax.lax.with_sharding_constraint(row[0], NamedSharding(mesh, spec))
+        projectors.append(p)
+    return projectors
 
 
 def _group_entry(entries: tuple, axes: tuple[int, ...]) -> Any:

@@ -41,6 +41,7 @@ from ._kron_numerics import (  # noqa: F401  (DAMPING, kron_probes: the probes' 
     fit_padded_vector,
     kron_probes,
     normal_at,
+    normals_at,
     precondition,
     precondition_padded,
     precondition_padded_vector,
@@ -214,13 +215,16 @@ class ScaleByKron(AbstractTransform):
     are reproducible and a checkpoint resumes bit for bit. The factors' update is under
     `lax.cond`: under `jit` a skipped update costs nothing.
 
-    Parameters whose layout has at most two axes, none longer than 192, are fitted and
-    preconditioned together, zero-padded to the largest of them: the matrices in one program
-    (their factors as dense matrices, their triangular solves row by row in a loop), the
-    vectors in another, entry by entry (their one diagonal factor); the others are stacked
-    by layout and run one program per layout. This keeps the compiled step small (compile time
-    grows with the number of programs) and, on CPU, keeps the small solves away from LAPACK,
-    whose threaded solves stalled for milliseconds each on a loaded machine.
+    Parameters of one layout are stacked and fitted and preconditioned together, one program
+    per layout (a matrix taller than wide as its transpose, so that `(m, n)` and `(n, m)`
+    weights share a stack). Small matrices of several layouts (no axis above 192) share one
+    program, zero-padded to the largest, where that adds at most a tenth to the step's
+    estimated arithmetic (`_padded_groups`): the tiny kernels of a network beside a large
+    layer do, matrices of similar cost do not. Vectors of at most 192 entries (biases, norms'
+    scales), whose one diagonal factor is fitted entry by entry, share one program, each padded
+    to the longest. The probes of every program are drawn together. On CPU the triangular
+    solves run in blocks of matrix products (`solve_lower`): as fast as LAPACK's at 128 x 128,
+    several times faster at 2048 x 2048, and free of its stalls on a loaded machine.
 
     Layout: a matrix's two factors are alike, so `(in, out)` and `(out, in)` storage give the
     same update, transposed. With `merge_dims`, a parameter of higher rank is the matrix
@@ -420,51 +424,70 @@ class ScaleByKron(AbstractTransform):
         extras = [(jnp.asarray(split_offset(o)[None]), jnp.asarray([t])) for o, t in zip(offsets, flips)]
 
         def work(kinds, pieces, factors):
-            # Small parameters together, padded; the others by kind (stacked where several
-            # pieces are of one kind: one program per kind, not per parameter).
-            small = [i for i, kind in enumerate(kinds) if _padded(kind)]
-            # Vectors and matrices padded apart: a vector's one diagonal factor is fitted entry
-            # by entry, where padded to a matrix's rows it would pay for two dense ones. Each
-            # group: its members, how they are fitted and how they are preconditioned.
-            padded_groups = [
-                (members, fit_group, precondition_group)
-                for rank, fit_group, precondition_group in (
-                    (1, self._fit_padded_vectors, _precondition_padded_vectors),
-                    (2, self._fit_padded, _precondition_padded),
-                )
-                if (members := [i for i in small if len(kinds[i][0]) == rank])
-            ]
+            # Short vectors together, padded; small matrices of several layouts padded together
+            # where that adds little work (`_padded_groups`); every other layout in a stack of
+            # its own (one program per layout, not per parameter).
+            fitted = [piece[0 if self.momentum_into_precond_update else 1] for piece in pieces]
+            vectors = [i for i, kind in enumerate(kinds) if _padded_vector(kind)]
             by_kind: dict[Any, list[int]] = {}
             for i, kind in enumerate(kinds):
-                if i not in small:
+                if i not in vectors:
                     by_kind.setdefault(kind, []).append(i)
+            units = {kind: sum(len(fitted[i]) for i in members) for kind, members in by_kind.items()}
+            for i in vectors:
+                units[kinds[i]] = units.get(kinds[i], 0) + len(fitted[i])
+            padded = [[i for kind in group for i in by_kind.pop(kind)] for group in _padded_groups(units)]
+            layouts = [_Padded([kinds[i] for i in members], [len(fitted[i]) for i in members]) for members in padded]
+            stacks = list(by_kind.values())
 
             def fit(factors):
+                # The entry numbers of every probe, drawn together (`normals_at`).
+                numbers = []
+                for members in stacks:
+                    x, (offsets, turns) = fitted[members[0]], _joined([pieces[i][-1] for i in members])
+                    numbers.append(jax.vmap(lambda o, t, shape=x.shape[1:]: entry_numbers(o, entry_index(shape, t)))(offsets, turns))
+                for members, layout in zip(padded, layouts):
+                    offsets, turns = _joined([pieces[i][-1] for i in members])
+                    rows, cols = jnp.asarray(layout.rows), jnp.asarray(layout.cols)
+                    index = jax.vmap(lambda t, r, c: entry_index(layout.shape, t, r, c))(turns, rows, cols)
+                    numbers.append(jax.vmap(entry_numbers)(offsets, index))
+                if vectors:
+                    short = _PaddedVectors([kinds[i] for i in vectors], [len(fitted[i]) for i in vectors])
+                    offsets = jnp.concatenate([pieces[i][-1][0] for i in vectors])
+                    numbers.append(jax.vmap(entry_numbers, in_axes=(0, None))(offsets, jax.lax.iota(jnp.uint32, short.length)))
+                probes = iter(normals_at(seed, numbers))
                 new = list(factors)
-                for kind, members in by_kind.items():
-                    m, *rest = _joined([pieces[i] for i in members])
-                    fitted, (offsets, turns) = (m if self.momentum_into_precond_update else rest[0]), rest[-1]
+                for members in stacks:
+                    x = _joined([fitted[i] for i in members])
                     q = _joined([factors[i] for i in members])
-                    fitted_q = per_unit(self._fit, len(m), fitted, offsets, turns, q, balance=balance, seed=seed)
-                    for i, part in zip(members, _split(fitted_q, [len(pieces[i][0]) for i in members])):
+                    fitted_q = per_unit(self._fit, len(x), x, next(probes).astype(x.dtype), q, balance=balance)
+                    for i, part in zip(members, _split(fitted_q, [len(fitted[i]) for i in members])):
                         new[i] = part
-                for members, fit_group, _ in padded_groups:
-                    group = [pieces[i] for i in members]
-                    fitted = [p[0] if self.momentum_into_precond_update else p[1] for p in group]
-                    fitted_q = fit_group([kinds[i] for i in members], fitted, [p[-1] for p in group],
-                                         [factors[i] for i in members], balance, seed)  # fmt: skip
+                for members, layout in zip(padded, layouts):
+                    x = layout.matrices([fitted[i] for i in members])
+                    probe = jnp.where(layout.inside(), next(probes), 0).astype(x.dtype)
+                    fitted_q = self._fit_padded(layout, x, probe, [factors[i] for i in members], balance)
                     for i, part in zip(members, fitted_q):
                         new[i] = part
+                if vectors:
+                    x = short.stack([fitted[i] for i in vectors])
+                    lengths = jnp.asarray(short.lengths)
+                    probe = jnp.where(jax.lax.iota(jnp.uint32, short.length) < lengths[:, None], next(probes), 0).astype(x.dtype)
+                    fit_vector = functools.partial(fit_padded_vector, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny)
+                    q = short.stack([factors[i][0] for i in vectors], fill=1)
+                    for i, part in zip(vectors, short.unpadded(jax.vmap(fit_vector)(x, probe, q, lengths.astype(jnp.float32)))):
+                        new[i] = (part,)
                 return new
 
             factors = jax.lax.cond(do_update, fit, list, list(factors))
             out: list[Any] = [None] * len(kinds)
-            for kind, members in by_kind.items():
+            for members in stacks:
                 m = _joined([pieces[i][0] for i in members])
                 done = per_unit(_preconditioned, len(m), m, _joined([factors[i] for i in members]))
                 for i, part in zip(members, _split(done, [len(pieces[i][0]) for i in members])):
                     out[i] = (part,)
-            for members, _, precondition_group in padded_groups:
+            groups = [(members, _precondition_padded) for members in padded] + ([(vectors, _precondition_padded_vectors)] if vectors else [])
+            for members, precondition_group in groups:
                 done = precondition_group([kinds[i] for i in members], [pieces[i][0] for i in members], [factors[i] for i in members])
                 for i, part in zip(members, done):
                     out[i] = (part,)
@@ -481,58 +504,66 @@ class ScaleByKron(AbstractTransform):
         new_state = ScaleByKronState(count=count, momentum=momentum, Qs=tuple(Qs), key=key)
         return treedef.unflatten(new_updates), new_state
 
-    def _fit(self, fitted: jax.Array, offset: jax.Array, turned: jax.Array, q: tuple, *, balance: jax.Array, seed: tuple) -> tuple:
-        """One parameter's factors after an update from its probe: the normal numbers of its
-        entries (`kron_probes`), the first numbered `offset`, its unit the transpose of its
-        layout where `turned`."""
-        probe = normal_at(seed, *entry_numbers(offset, entry_index(fitted.shape, turned=turned))).astype(fitted.dtype)
+    def _fit(self, fitted: jax.Array, probe: jax.Array, q: tuple, *, balance: jax.Array) -> tuple:
+        """One parameter's factors after an update from its probe (see `kron_probes`)."""
         return update_factors(balanced(q, balance), damped(fitted, probe), probe, self.precond_lr, jnp.finfo(fitted.dtype).tiny)
 
-    def _fit_padded(self, kinds: list, fitted: list, extras: list, factors: list, balance: jax.Array, seed: tuple) -> list:
-        """The factors of small parameters' pieces (each `(count, *kind shape)`) after an update,
-        fitted together, padded (`fit_padded`)."""
-        padded = _Padded(kinds, [len(x) for x in fitted])
-        x = padded.matrices(fitted)
-        offsets, turns = (jnp.concatenate([e[k] for e in extras]) for k in (0, 1))
-        rows, cols = jnp.asarray(padded.rows), jnp.asarray(padded.cols)
 
-        def probe(offset, turned, rows, cols):
-            index = entry_index(padded.shape, rows, cols, turned)
-            inside = (jnp.arange(padded.shape[0])[:, None] < rows) & (jnp.arange(padded.shape[1]) < cols)
-            return jnp.where(inside, normal_at(seed, *entry_numbers(offset, index)), 0).astype(x.dtype)
-
-        probes = jax.vmap(probe)(offsets, turns, rows, cols)
-        q1, q2 = padded.factors(factors)
-        sizes = [jnp.asarray(f) for f in (padded.rows.astype(np.int32), padded.cols.astype(np.int32), padded.counts.astype(np.float32))]
+    def _fit_padded(self, layout: "_Padded", x: jax.Array, probe: jax.Array, factors: list, balance: jax.Array) -> list:
+        """The factors of small matrices of several layouts (`x`, padded as `layout` says) after an
+        update from their probes, fitted together (`fit_padded`)."""
+        q1, q2 = layout.factors(factors)
+        sizes = [jnp.asarray(f) for f in (layout.rows.astype(np.int32), layout.cols.astype(np.int32), layout.counts.astype(np.float32))]
         # Whether each factor is diagonal: a Python bool where the whole group agrees (static).
-        static = {f"diagonal{i + 1}": bool(d[0]) for i, d in enumerate(padded.diagonal) if (d == d[0]).all()}
-        batched = {f"diagonal{i + 1}": jnp.asarray(d) for i, d in enumerate(padded.diagonal) if f"diagonal{i + 1}" not in static}
+        static = {f"diagonal{i + 1}": bool(d[0]) for i, d in enumerate(layout.diagonal) if (d == d[0]).all()}
+        batched = {f"diagonal{i + 1}": jnp.asarray(d) for i, d in enumerate(layout.diagonal) if f"diagonal{i + 1}" not in static}
         fit = functools.partial(fit_padded, balance=balance, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny, **static)
-        new = jax.vmap(fit)(x, probes, q1, q2, *sizes, **batched)
-        return padded.unpadded_factors(*new)
-
-    def _fit_padded_vectors(self, kinds: list, fitted: list, extras: list, factors: list, balance: jax.Array, seed: tuple) -> list:
-        """The diagonal factors of small vectors' pieces (each `(count, length)`) after an update,
-        fitted together entry by entry, padded (`fit_padded_vector`; one factor: nothing to balance)."""
-        del balance
-        padded = _PaddedVectors(kinds, [len(x) for x in fitted])
-        offsets = jnp.concatenate([e[0] for e in extras])
-        index = jax.lax.iota(jnp.uint32, padded.length)
-
-        def probe(offset, length):
-            return jnp.where(index < length, normal_at(seed, *entry_numbers(offset, index)), 0)
-
-        x = padded.stack(fitted)
-        probes = jax.vmap(probe)(offsets, jnp.asarray(padded.lengths)).astype(x.dtype)
-        fit = functools.partial(fit_padded_vector, lr=self.precond_lr, tiny=jnp.finfo(x.dtype).tiny)
-        new = jax.vmap(fit)(x, probes, padded.stack([q[0] for q in factors], fill=1), jnp.asarray(padded.lengths, jnp.float32))
-        return [(q,) for q in padded.unpadded(new)]
+        return layout.unpadded_factors(*jax.vmap(fit)(x, probe, q1, q2, *sizes, **batched))
 
 
-def _padded(kind: Any) -> bool:
-    """Whether the pieces of `kind` are fitted and preconditioned padded, with the other small ones."""
+def _padded_vector(kind: Any) -> bool:
+    """Whether the pieces of `kind` are vectors fitted and preconditioned padded, with the other short ones."""
     shape, _ = kind
-    return len(shape) <= 2 and max(shape) <= PADDED_MAX
+    return len(shape) == 1 and shape[0] <= PADDED_MAX
+
+
+# Small matrices of several layouts share one padded program while the padding adds at most this
+# fraction of the step's estimated work: on the digits CNN the small kernels (about 0.01% of
+# the work, beside a 2048 x 2048 factor) compile as one program instead of three, while on the
+# digits MLP, whose (128, 128), (64, 128) and (10, 128) matrices padded together would do about
+# twice the work, each keeps its own.
+PADDING_BUDGET = 0.1
+
+
+def unit_work(shape: tuple[int, ...]) -> float:
+    """The estimated arithmetic of one unit's update and preconditioning, up to a constant: per
+    axis of length `d` (of `N` entries in all) about `5.5 N d` for the products and solves
+    along it and `d^3` for its factor's step."""
+    entries = math.prod(shape)
+    return sum(5.5 * entries * d + d**3 for d in shape)
+
+
+def _padded_groups(units: dict[Any, int]) -> list[list[Any]]:
+    """The layouts (of `units`: layout -> its number of units) that share padded programs:
+    matrices with no axis longer than `PADDED_MAX`, merged greedily, the pair whose padded
+    program adds the least work first, while the work added stays within `PADDING_BUDGET` of
+    the whole step's. Only groups of two layouts or more are returned."""
+
+    def work(group):
+        shape = tuple(max(kind[0][axis] for kind in group) for axis in (0, 1))
+        return sum(units[kind] for kind in group) * unit_work(shape)
+
+    budget = PADDING_BUDGET * sum(count * unit_work(kind[0]) for kind, count in units.items())
+    groups = [[kind] for kind in units if len(kind[0]) == 2 and max(kind[0]) <= PADDED_MAX]
+    while len(groups) > 1:
+        added, a, b = min(
+            (work(a + b) - work(a) - work(b), i, j) for i, a in enumerate(groups) for j, b in enumerate(groups) if i < j
+        )
+        if added > budget:
+            break
+        budget -= added
+        groups[a] += groups.pop(b)
+    return [group for group in groups if len(group) > 1]
 
 
 class _Padded:
@@ -547,6 +578,11 @@ class _Padded:
         self.cols = per_unit([shape[1] for shape, _ in kinds]).astype(np.uint32)
         self.counts = per_unit([math.prod(shape) for shape, _ in kinds])
         self.diagonal = tuple(per_unit([diag[axis] for _, diag in kinds]) for axis in (0, 1))
+
+    def inside(self) -> np.ndarray:
+        """Whether each entry of the padded stack is a matrix's own, not padding."""
+        rows, cols = (np.arange(n) for n in self.shape)
+        return (rows[:, None] < self.rows[:, None, None]) & (cols < self.cols[:, None, None])
 
     def matrices(self, pieces: list) -> jax.Array:
         """The pieces `(count, rows, cols)` as one padded stack `(units, rows, cols)`."""
@@ -620,7 +656,7 @@ def _split(tree: Any, counts: list[int]) -> list:
 
 
 def _precondition_padded(kinds: list, pieces: list, factors: list) -> list:
-    """Small parameters' pieces preconditioned together, padded (`precondition_padded`)."""
+    """Small matrices' pieces of several layouts preconditioned together, padded (`precondition_padded`)."""
     padded = _Padded(kinds, [len(x) for x in pieces])
     q1, q2 = padded.factors(factors)
     done = jax.vmap(precondition_padded)(padded.matrices(pieces), q1, q2, jnp.asarray(padded.counts.astype(np.float32)))

@@ -1,12 +1,12 @@
 """The numerics of PSGD Kron: the probes, the factors' update, the preconditioning.
 
 Per parameter (`update_factors`, `precondition`), for a tensor of any number of axes whose
-factors are triangular matrices or diagonals; and for many small parameters at once
-(`fit_padded`, `precondition_padded`): matrices of up to `PADDED_MAX` per axis, each
-zero-padded to the largest of them, their factors as dense matrices (a diagonal one too), one
-program for all of them instead of one per parameter; and vectors, padded apart, entry by entry
-(`fit_padded_vector`, `precondition_padded_vector`). The padded form computes the same
-formulas (the helpers below are shared); its padding rows and columns stay zero throughout.
+factors are triangular matrices or diagonals; for small matrices of several layouts at once
+(`fit_padded`, `precondition_padded`), zero-padded to the largest, their factors as dense
+matrices (a diagonal one too); and for many short vectors at once (`fit_padded_vector`,
+`precondition_padded_vector`), each padded to the longest, entry by entry. The padded forms
+compute the same formulas; their padding stays zero throughout. The triangular solves run in
+blocks of matrix products on CPU (`solve_lower`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg
 import numpy as np
 
 from .._util.numerics import overflow_scale
@@ -53,7 +52,7 @@ def split_offset(offset: int) -> np.ndarray:
     return np.array([offset >> 32, offset & 0xFFFFFFFF], np.uint32)
 
 
-def entry_index(shape: tuple[int, ...], rows: Any = None, cols: Any = None, turned: Any = None) -> jax.Array:
+def entry_index(shape: tuple[int, ...], turned: Any = None, rows: Any = None, cols: Any = None) -> jax.Array:
     """The row-major index (uint32) of each entry of a unit of `shape` in its parameter: a 2-d
     unit holds a `(rows, cols)` matrix (its leading block, default: all of it), or the transpose
     of a `(cols, rows)` one where `turned`; a unit of another rank is its parameter, reshaped."""
@@ -82,6 +81,16 @@ def normal_at(seed: jax.Array, hi: jax.Array, lo: jax.Array) -> jax.Array:
     unit = jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
     lowest = np.nextafter(np.float32(-1.0), np.float32(0.0))
     return np.float32(math.sqrt(2.0)) * jax.lax.erf_inv(jnp.maximum(2.0 * unit - 1.0, lowest))
+
+
+def normals_at(seed: jax.Array, numbers: list[tuple[jax.Array, jax.Array]]) -> list[jax.Array]:
+    """`normal_at` of several arrays of entry numbers `(hi, lo)`, drawn together: one copy of
+    Threefry's rounds in the compiled step, however many stacks draw probes."""
+    if len(numbers) == 1:
+        return [normal_at(seed, *numbers[0])]
+    flat = normal_at(seed, *(jnp.concatenate([jnp.ravel(x[k]) for x in numbers]) for k in (0, 1)))
+    bounds = np.cumsum([0] + [x[0].size for x in numbers])
+    return [flat[a:b].reshape(x[0].shape) for x, a, b in zip(numbers, bounds[:-1], bounds[1:])]
 
 
 def _along(x: jax.Array, axis: int, fn: Any) -> jax.Array:
@@ -146,7 +155,7 @@ def update_factors(Qs: tuple, G: jax.Array, V: jax.Array, lr: Any, tiny: Any) ->
             conj_B = _along(conj_B, axis, lambda u, q=q: u / q[:, None])
         else:
             A = _along(A, axis, lambda u, q=q: q @ u)
-            conj_B = _along(conj_B, axis, lambda u, q=q: jax.scipy.linalg.solve_triangular(q, u, trans="T", lower=False))
+            conj_B = _along(conj_B, axis, lambda u, q=q: solve_lower(q.T, u))
     A, conj_B = _scaled_alike(A, conj_B)
     new = []
     for axis, q in enumerate(Qs):
@@ -198,24 +207,47 @@ def clip_rms(update: jax.Array, count: Any = None) -> jax.Array:
     return update * jnp.minimum(1.0, RMS_CLIP / (rms + RMS_EPS))
 
 
-# ---- many small parameters at once, zero-padded -----------------------------------------------
+# ---- triangular solves --------------------------------------------------------------------
 
-# Parameters whose layout has at most two axes, none longer than this, are fitted and
-# preconditioned together, padded (`ScaleByKron`): padding costs little at these sizes, and one
-# program for all of them compiles in a fraction of the time of one per parameter. 192 takes in
-# a 3x3 convolution from 16 channels (a (32, 144) kernel): on the digits CNN of
-# benchmarks/compile_time.py the first step compiled about 1 s faster than with 128 (5.1, 4.6,
-# 5.1 s against 6.4, 5.4, 6.3 s, alternating), at the same step time.
-PADDED_MAX = 192
+SOLVE_BLOCK = 16  # rows per block of `blocked_substitution` (the fastest of 8 to 128 on CPU)
 
 
 def solve_lower(lower: jax.Array, rhs: jax.Array) -> jax.Array:
-    """`X` with `lower @ X = rhs`, `lower` lower triangular (nonsingular) and small: on CPU by
-    `forward_substitution` (LAPACK's threaded solves stalled there for milliseconds each on a
-    loaded machine), elsewhere by the backend's triangular solve (one kernel, not a loop)."""
+    """`X` with `lower @ X = rhs`, `lower` lower triangular (nonsingular): on CPU by
+    `blocked_substitution`, elsewhere by the backend's triangular solve.
+
+    On CPU, LAPACK's solves (jaxlib's, threaded) are slower: a 128 x 128 factor's solve took
+    about as long as the blocks' products, a 2048 x 2048 one 3-5 times as long, and with
+    other processes busy on the cores each stalled for milliseconds."""
     return jax.lax.platform_dependent(
-        lower, rhs, cpu=forward_substitution, default=functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True)
+        lower, rhs, cpu=blocked_substitution, default=functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True)
     )
+
+
+def blocked_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
+    """`X` with `lower @ X = rhs` (`rhs` a matrix), `lower` lower triangular, by blocks of
+    `SOLVE_BLOCK` rows: the diagonal blocks `D_i` are inverted together (`forward_substitution`
+    on the identity), then block row by block row `X_i = D_i^{-1} (R_i - L_i X)`, where `L_i`
+    is the whole block row and `X` is zero below the rows solved so far. A size that is not a
+    multiple of the block is padded with the identity (its rows of `X` stay zero)."""
+    size, block = lower.shape[0], SOLVE_BLOCK
+    if size <= block:
+        return forward_substitution(lower, rhs)
+    blocks = -(-size // block)
+    padding = blocks * block - size
+    if padding:
+        lower = jnp.pad(lower, ((0, padding), (0, padding)))
+        lower = lower.at[size:, size:].set(jnp.eye(padding, dtype=lower.dtype))
+        rhs = jnp.pad(rhs, ((0, padding), (0, 0)))
+    diagonal = jnp.moveaxis(jnp.diagonal(lower.reshape(blocks, block, blocks, block), axis1=0, axis2=2), -1, 0)
+    inverses = jax.vmap(forward_substitution)(diagonal, jnp.broadcast_to(jnp.eye(block, dtype=lower.dtype), diagonal.shape))
+
+    def block_row(i, x):
+        rows = jax.lax.dynamic_slice_in_dim(lower, i * block, block)
+        residual = jax.lax.dynamic_slice_in_dim(rhs, i * block, block) - rows @ x
+        return jax.lax.dynamic_update_slice_in_dim(x, inverses[i] @ residual, i * block, 0)
+
+    return jax.lax.fori_loop(0, blocks, block_row, jnp.zeros_like(rhs))[:size]
 
 
 def forward_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
@@ -228,19 +260,7 @@ def forward_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
     return jax.lax.fori_loop(0, lower.shape[0], row, jnp.zeros_like(rhs))
 
 
-def padded_step(q: jax.Array, term_a: jax.Array, term_b: jax.Array, lr: Any, tiny: Any, diagonal: Any) -> jax.Array:
-    """A dense factor (zero-padded) after its step from the Gram matrices: `triangular_step`, or
-    `diagonal_step` on the diagonals where `diagonal` (the factor is then a diagonal matrix); a
-    Python bool (every member of a group alike) compiles only its own step."""
-    step, total = (term_a - term_b) * lr, term_a + term_b
-
-    def along():
-        new = diagonal_step(jnp.diagonal(q), jnp.diagonal(step), jnp.diagonal(total), tiny)
-        return new[:, None] * jnp.eye(q.shape[0], dtype=q.dtype)
-
-    if isinstance(diagonal, bool):
-        return along() if diagonal else triangular_step(q, step, total, tiny)
-    return jnp.where(diagonal, along(), triangular_step(q, step, total, tiny))
+# ---- small matrices of several layouts at once, zero-padded ---------------------------------
 
 
 def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, balance, lr, tiny):
@@ -260,6 +280,38 @@ def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, b
     return padded_step(q1, A @ A.T, B @ B.T, lr, tiny, diagonal1), padded_step(q2, A.T @ A, B.T @ B, lr, tiny, diagonal2)
 
 
+def padded_step(q: jax.Array, term_a: jax.Array, term_b: jax.Array, lr: Any, tiny: Any, diagonal: Any) -> jax.Array:
+    """A dense factor (zero-padded) after its step from the Gram matrices: `triangular_step`, or
+    `diagonal_step` on the diagonals where `diagonal` (the factor is then a diagonal matrix); a
+    Python bool (every member of a group alike) compiles only its own step."""
+    step, total = (term_a - term_b) * lr, term_a + term_b
+
+    def along():
+        new = diagonal_step(jnp.diagonal(q), jnp.diagonal(step), jnp.diagonal(total), tiny)
+        return new[:, None] * jnp.eye(q.shape[0], dtype=q.dtype)
+
+    if isinstance(diagonal, bool):
+        return along() if diagonal else triangular_step(q, step, total, tiny)
+    return jnp.where(diagonal, along(), triangular_step(q, step, total, tiny))
+
+
+def precondition_padded(m_hat: jax.Array, q1: jax.Array, q2: jax.Array, count: Any) -> jax.Array:
+    """One small parameter's update `Q1^T Q1 m_hat Q2^T Q2` from its padded matrix and factors,
+    its RMS (over `count` entries) capped."""
+    left = q1.T @ (q1 @ m_hat)
+    return clip_rms((q2.T @ (q2 @ left.T)).T, count)
+
+
+# ---- many small vectors at once, padded -------------------------------------------------------
+
+# Vectors no longer than this (biases, norms' scales) are fitted and preconditioned together,
+# each padded to the longest of them: their one diagonal factor is fitted entry by entry, so the
+# padding costs little, and one program for all of them compiles in a fraction of the time of
+# one per length. Matrices with no axis longer than this may share a padded program with others
+# (see `ScaleByKron`).
+PADDED_MAX = 192
+
+
 def fit_padded_vector(fitted: jax.Array, probe: jax.Array, q: jax.Array, count: Any, lr: Any, tiny: Any) -> jax.Array:
     """One small vector's diagonal factor after an update (`update_factors` on a vector), entry
     by entry: `fitted` and `probe` zero-padded, `q` padded with ones (which stay ones)."""
@@ -271,10 +323,3 @@ def fit_padded_vector(fitted: jax.Array, probe: jax.Array, q: jax.Array, count: 
 def precondition_padded_vector(m_hat: jax.Array, q: jax.Array, count: Any) -> jax.Array:
     """One small vector's update `q^2 m_hat` (`precondition`), its RMS (over `count` entries) capped."""
     return clip_rms((q * q) * m_hat, count)
-
-
-def precondition_padded(m_hat: jax.Array, q1: jax.Array, q2: jax.Array, count: Any) -> jax.Array:
-    """One small parameter's update `Q1^T Q1 m_hat Q2^T Q2` from its padded matrix and factors,
-    its RMS (over `count` entries) capped."""
-    left = q1.T @ (q1 @ m_hat)
-    return clip_rms((q2.T @ (q2 @ left.T)).T, count)

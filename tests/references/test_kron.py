@@ -210,8 +210,8 @@ def _matches_numpy(steps: int, scale: float = 1.0) -> None:
 
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "per_layout"])
 def test_steps_match_numpy_from_the_paper(padded, monkeypatch):
-    """Both ways of running the step: small parameters padded together, and one program per
-    layout (every parameter above the padding's limit)."""
+    """Both ways of running the step: short vectors padded together, and one program per
+    layout (every vector above the padding's limit)."""
     if not padded:
         monkeypatch.setattr(kron_module, "PADDED_MAX", 0)
     _matches_numpy(STEPS)
@@ -466,37 +466,38 @@ def test_probes_are_standard_normal_and_numbered_by_entry():
     assert np.all(np.isfinite(np.asarray(normal_at(seed, jnp.zeros(4, jnp.uint32), jnp.asarray([0, 1, 2**32 - 1, 2**31], jnp.uint32)))))
 
 
-def test_small_parameters_share_one_program():
-    """Six small parameters of five layouts lower to the loops and products of two: the padded
-    step's two triangular-solve loops and its matrix products, once for the matrices and once
-    for the vectors (which are padded apart), whatever the number of layouts (one per layout
-    before)."""
+def test_one_program_per_layout_and_one_draw_of_probes():
+    """Parameters of one layout, a matrix and its transpose included, share one stack (its two
+    triangular-solve loops once), short vectors one padded program (no loop), and the probes of
+    every stack are drawn by one copy of the normal numbers' code, however many layouts."""
 
     def counts(shapes):
         params = {f"p{i}": jnp.zeros(shape) for i, shape in enumerate(shapes)}
         tx = modopt.scale_by_kron()
         text = jax.jit(tx.update).lower(params, tx.init(params), params).as_text()
-        return text.count("stablehlo.while"), text.count("stablehlo.dot_general")
+        return text.count("stablehlo.while"), text.count("erf_inv")
 
-    one, vector = counts([(6, 4)]), counts([(5,)])
-    assert counts([(6, 4), (5,), (3, 7), (7, 3), (2, 2), (4,), ()]) == tuple(a + b for a, b in zip(one, vector))
-    # The two solves' loops (a parameter above the padding's limit has none: LAPACK's solves).
-    assert one[0] == counts([(200, 3)])[0] + 2
+    one = counts([(6, 4)])
+    assert one == (2, 1)
+    assert counts([(6, 4), (4, 6)]) == one
+    assert counts([(5,), (4,), ()]) == (0, 1)
+    loops = sum(counts([shape])[0] for shape in [(6, 4), (3, 7), (2, 2)])
+    assert counts([(6, 4), (5,), (3, 7), (7, 3), (2, 2), (4,), ()]) == (loops, 1)
 
 
-def test_small_solves_by_substitution_on_cpu_by_the_backend_elsewhere():
-    """The padded step's triangular solves: a loop of XLA's operations on CPU, equal to LAPACK's
-    solve; the backend's triangular solve where lowered for a GPU (checked on the lowering)."""
-    from modopt.transforms._kron_numerics import forward_substitution, solve_lower
+@pytest.mark.parametrize("size", [1, 7, 16, 17, 40, 64])
+def test_solves_by_blocks_on_cpu_by_the_backend_elsewhere(size):
+    """The triangular solves: on CPU by blocks of products (sizes below, at and above the block,
+    and not multiples of it), equal to NumPy's solve in float64; the backend's triangular solve
+    where lowered for a GPU (checked on the lowering)."""
+    from modopt.transforms._kron_numerics import SOLVE_BLOCK, solve_lower
 
-    rng = np.random.default_rng(0)
-    lower = np.tril(rng.standard_normal((7, 7))) + 4 * np.eye(7)
-    rhs = rng.standard_normal((7, 3))
-    expected = np.linalg.solve(lower, rhs)
-    ours = forward_substitution(jnp.asarray(lower, jnp.float32), jnp.asarray(rhs, jnp.float32))
-    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+    rng = np.random.default_rng(size)
+    lower = np.tril(rng.standard_normal((size, size))) + 4 * np.eye(size)
+    rhs = rng.standard_normal((size, 3))
     args = (jnp.asarray(lower, jnp.float32), jnp.asarray(rhs, jnp.float32))
+    np.testing.assert_allclose(jax.jit(solve_lower)(*args), np.linalg.solve(lower, rhs), rtol=1e-5, atol=1e-5)
     cpu = jax.jit(solve_lower).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
     gpu = jax.jit(solve_lower).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert "stablehlo.while" in cpu and "trsm" not in cpu
+    assert cpu.count("stablehlo.while") == (1 if size <= SOLVE_BLOCK else 2) and "trsm" not in cpu
     assert "stablehlo.while" not in gpu and ("triangular_solve" in gpu or "trsm" in gpu)

@@ -212,15 +212,19 @@ def clip_rms(update: jax.Array, count: Any = None) -> jax.Array:
 SOLVE_BLOCK = 16  # rows per block of `blocked_substitution` (the fastest of 8 to 128 on CPU)
 
 
-def solve_lower(lower: jax.Array, rhs: jax.Array) -> jax.Array:
+def solve_lower(lower: jax.Array, rhs: jax.Array, blocks: bool = True) -> jax.Array:
     """`X` with `lower @ X = rhs`, `lower` lower triangular (nonsingular): on CPU by
-    `blocked_substitution`, elsewhere by the backend's triangular solve.
+    `blocked_substitution` (`blocks`) or `forward_substitution` (about half its compile time,
+    slower from about 64 rows), elsewhere by the backend's triangular solve.
 
     On CPU, LAPACK's solves (jaxlib's, threaded) are slower: a 128 x 128 factor's solve took
     about as long as the blocks' products, a 2048 x 2048 one 3-5 times as long, and with
     other processes busy on the cores each stalled for milliseconds."""
     return jax.lax.platform_dependent(
-        lower, rhs, cpu=blocked_substitution, default=functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True)
+        lower,
+        rhs,
+        cpu=blocked_substitution if blocks else forward_substitution,
+        default=functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True),
     )
 
 
@@ -273,9 +277,11 @@ def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, b
     G = damped(fitted, probe, count)
     A = q1 @ G @ q2.T
     # The padding's diagonal is 1 for the solves: B = Q1^{-T} V Q2^{-1}, zero in the padding.
+    # Row by row: a padded program holds small matrices, and is there to compile quickly.
     eye1 = jnp.diag((jnp.arange(q1.shape[0]) >= rows).astype(q1.dtype))
     eye2 = jnp.diag((jnp.arange(q2.shape[0]) >= cols).astype(q2.dtype))
-    B = solve_lower((q2 + eye2).T, solve_lower((q1 + eye1).T, probe).T).T
+    solve = functools.partial(solve_lower, blocks=False)
+    B = solve((q2 + eye2).T, solve((q1 + eye1).T, probe).T).T
     A, B = _scaled_alike(A, B)
     return padded_step(q1, A @ A.T, B @ B.T, lr, tiny, diagonal1), padded_step(q2, A.T @ A, B.T @ B, lr, tiny, diagonal2)
 

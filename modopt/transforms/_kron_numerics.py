@@ -148,15 +148,10 @@ def damped(fitted: jax.Array, probe: jax.Array, count: Any = None) -> jax.Array:
 
 def update_factors(Qs: tuple, G: jax.Array, V: jax.Array, lr: Any, tiny: Any) -> tuple:
     """One update of the factors `Qs` from the pair (probe `V`, probed gradient `G`)."""
-    A, conj_B = G, V
+    A = G
     for axis, q in enumerate(Qs):
-        if q.ndim == 1:
-            A = _along(A, axis, lambda u, q=q: q[:, None] * u)
-            conj_B = _along(conj_B, axis, lambda u, q=q: u / q[:, None])
-        else:
-            A = _along(A, axis, lambda u, q=q: q @ u)
-            conj_B = _along(conj_B, axis, lambda u, q=q: solve_lower(q.T, u))
-    A, conj_B = _scaled_alike(A, conj_B)
+        A = _along(A, axis, lambda u, q=q: (q[:, None] * u) if q.ndim == 1 else q @ u)
+    A, conj_B = _scaled_alike(A, conjugate(Qs, V))
     new = []
     for axis, q in enumerate(Qs):
         diagonal = q.ndim == 1
@@ -212,46 +207,88 @@ def clip_rms(update: jax.Array, count: Any = None) -> jax.Array:
 SOLVE_BLOCK = 16  # rows per block of `blocked_substitution` (the fastest of 8 to 128 on CPU)
 
 
-def solve_lower(lower: jax.Array, rhs: jax.Array, blocks: bool = True) -> jax.Array:
-    """`X` with `lower @ X = rhs`, `lower` lower triangular (nonsingular): on CPU by
-    `blocked_substitution` (`blocks`) or `forward_substitution` (about half its compile time,
-    slower from about 64 rows), elsewhere by the backend's triangular solve.
+def conjugate(Qs: tuple, V: jax.Array) -> jax.Array:
+    """`V` with each factor's inverse transpose applied along its axis (`Q^{-T}`; a diagonal
+    factor divides): the probe's side of the factors' update.
 
-    On CPU, LAPACK's solves (jaxlib's, threaded) are slower: a 128 x 128 factor's solve took
-    about as long as the blocks' products, a 2048 x 2048 one 3-5 times as long, and with
-    other processes busy on the cores each stalled for milliseconds."""
-    return jax.lax.platform_dependent(
-        lower,
-        rhs,
-        cpu=blocked_substitution if blocks else forward_substitution,
-        default=functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True),
-    )
+    On CPU by `blocked_substitution`, the diagonal blocks of all the triangular factors inverted
+    together, in one loop; elsewhere by the backend's triangular solves. On CPU, LAPACK's solves
+    (jaxlib's, threaded) are slower: a 128 x 128 factor's solve took about as long as the blocks',
+    a 2048 x 2048 one 2-3 times as long, and with other processes busy on the cores each stalled
+    for milliseconds."""
+
+    def along_axes(V, Qs, solve):
+        for axis, q in enumerate(Qs):
+            V = _along(V, axis, lambda u, q=q, axis=axis: u / q[:, None] if q.ndim == 1 else solve(axis, q.T, u))
+        return V
+
+    def by_blocks(V, *Qs):
+        triangular = [axis for axis, q in enumerate(Qs) if q.ndim == 2]
+        inverses = dict(zip(triangular, diagonal_inverses([Qs[axis].T for axis in triangular])))
+        return along_axes(V, Qs, lambda axis, lower, u: blocked_substitution(lower, u, inverses[axis]))
+
+    def by_backend(V, *Qs):
+        return along_axes(V, Qs, lambda axis, lower, u: jax.lax.linalg.triangular_solve(lower, u, left_side=True, lower=True))
+
+    return jax.lax.platform_dependent(V, *Qs, cpu=by_blocks, default=by_backend)
 
 
-def blocked_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
+def _blocks(lower: jax.Array) -> jax.Array:
+    """`lower` padded with the identity to a multiple of `SOLVE_BLOCK` rows."""
+    size = lower.shape[0]
+    padding = -size % SOLVE_BLOCK
+    if not padding:
+        return lower
+    lower = jnp.pad(lower, ((0, padding), (0, padding)))
+    return lower.at[size:, size:].set(jnp.eye(padding, dtype=lower.dtype))
+
+
+def diagonal_inverses(lowers: list[jax.Array]) -> list[jax.Array]:
+    """The inverses of the diagonal `SOLVE_BLOCK` blocks of each lower triangular matrix (padded
+    with the identity, see `_blocks`), `(blocks, SOLVE_BLOCK, SOLVE_BLOCK)` each: all of them by
+    one batched `forward_substitution` on the identity."""
+    block = SOLVE_BLOCK
+    if not lowers:
+        return []
+    diagonals = []
+    for lower in lowers:
+        padded = _blocks(lower)
+        count = padded.shape[0] // block
+        diagonals.append(jnp.moveaxis(jnp.diagonal(padded.reshape(count, block, count, block), axis1=0, axis2=2), -1, 0))
+    stacked = jnp.concatenate(diagonals)
+    inverses = jax.vmap(forward_substitution)(stacked, jnp.broadcast_to(jnp.eye(block, dtype=stacked.dtype), stacked.shape))
+    bounds = np.cumsum([0] + [len(d) for d in diagonals])
+    return [inverses[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def blocked_substitution(lower: jax.Array, rhs: jax.Array, inverses: jax.Array) -> jax.Array:
     """`X` with `lower @ X = rhs` (`rhs` a matrix), `lower` lower triangular, by blocks of
-    `SOLVE_BLOCK` rows: the diagonal blocks `D_i` are inverted together (`forward_substitution`
-    on the identity), then block row by block row `X_i = D_i^{-1} (R_i - L_i X)`, where `L_i`
-    is the whole block row and `X` is zero below the rows solved so far. A size that is not a
-    multiple of the block is padded with the identity (its rows of `X` stay zero)."""
-    size, block = lower.shape[0], SOLVE_BLOCK
-    if size <= block:
-        return forward_substitution(lower, rhs)
-    blocks = -(-size // block)
-    padding = blocks * block - size
-    if padding:
-        lower = jnp.pad(lower, ((0, padding), (0, padding)))
-        lower = lower.at[size:, size:].set(jnp.eye(padding, dtype=lower.dtype))
-        rhs = jnp.pad(rhs, ((0, padding), (0, 0)))
-    diagonal = jnp.moveaxis(jnp.diagonal(lower.reshape(blocks, block, blocks, block), axis1=0, axis2=2), -1, 0)
-    inverses = jax.vmap(forward_substitution)(diagonal, jnp.broadcast_to(jnp.eye(block, dtype=lower.dtype), diagonal.shape))
+    `SOLVE_BLOCK` rows, given the inverses `D_i^{-1}` of its diagonal blocks (`diagonal_inverses`):
+    block row by block row `X_i = D_i^{-1} (R_i - L_i X)`, where
+    `L_i` is the whole block row and `X` is zero below the rows solved so far (one block: a
+    product). A size that is not a multiple of the block is padded with the identity (its rows
+    of `X` stay zero)."""
+    size = lower.shape[0]
+    if len(inverses) == 1:
+        return inverses[0, :size, :size] @ rhs
+    lower, block = _blocks(lower), SOLVE_BLOCK
+    rhs = jnp.pad(rhs, ((0, lower.shape[0] - size), (0, 0)))
 
     def block_row(i, x):
         rows = jax.lax.dynamic_slice_in_dim(lower, i * block, block)
         residual = jax.lax.dynamic_slice_in_dim(rhs, i * block, block) - rows @ x
         return jax.lax.dynamic_update_slice_in_dim(x, inverses[i] @ residual, i * block, 0)
 
-    return jax.lax.fori_loop(0, blocks, block_row, jnp.zeros_like(rhs))[:size]
+    return jax.lax.fori_loop(0, len(inverses), block_row, jnp.zeros_like(rhs))[:size]
+
+
+def solve_lower(lower: jax.Array, rhs: jax.Array) -> jax.Array:
+    """`X` with `lower @ X = rhs`, `lower` lower triangular (nonsingular): on CPU by
+    `forward_substitution` (the padded programs' solves: it compiles in about half the time of
+    `blocked_substitution`), elsewhere by the backend's triangular solve."""
+    return jax.lax.platform_dependent(
+        lower, rhs, cpu=forward_substitution, default=functools.partial(jax.lax.linalg.triangular_solve, left_side=True, lower=True)
+    )
 
 
 def forward_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
@@ -264,7 +301,14 @@ def forward_substitution(lower: jax.Array, rhs: jax.Array) -> jax.Array:
     return jax.lax.fori_loop(0, lower.shape[0], row, jnp.zeros_like(rhs))
 
 
-# ---- small matrices of several layouts at once, zero-padded ---------------------------------
+# ---- many small parameters at once, padded --------------------------------------------------
+
+# Vectors no longer than this (biases, norms' scales) are fitted and preconditioned together,
+# each padded to the longest of them: their one diagonal factor is fitted entry by entry, so the
+# padding costs little, and one program for all of them compiles in a fraction of the time of
+# one per length. Matrices with no axis longer than this may share a padded program with others
+# (see `ScaleByKron`).
+PADDED_MAX = 192
 
 
 def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, balance, lr, tiny):
@@ -277,11 +321,9 @@ def fit_padded(fitted, probe, q1, q2, rows, cols, count, diagonal1, diagonal2, b
     G = damped(fitted, probe, count)
     A = q1 @ G @ q2.T
     # The padding's diagonal is 1 for the solves: B = Q1^{-T} V Q2^{-1}, zero in the padding.
-    # Row by row: a padded program holds small matrices, and is there to compile quickly.
     eye1 = jnp.diag((jnp.arange(q1.shape[0]) >= rows).astype(q1.dtype))
     eye2 = jnp.diag((jnp.arange(q2.shape[0]) >= cols).astype(q2.dtype))
-    solve = functools.partial(solve_lower, blocks=False)
-    B = solve((q2 + eye2).T, solve((q1 + eye1).T, probe).T).T
+    B = solve_lower((q2 + eye2).T, solve_lower((q1 + eye1).T, probe).T).T
     A, B = _scaled_alike(A, B)
     return padded_step(q1, A @ A.T, B @ B.T, lr, tiny, diagonal1), padded_step(q2, A.T @ A, B.T @ B, lr, tiny, diagonal2)
 
@@ -308,14 +350,6 @@ def precondition_padded(m_hat: jax.Array, q1: jax.Array, q2: jax.Array, count: A
     return clip_rms((q2.T @ (q2 @ left.T)).T, count)
 
 
-# ---- many small vectors at once, padded -------------------------------------------------------
-
-# Vectors no longer than this (biases, norms' scales) are fitted and preconditioned together,
-# each padded to the longest of them: their one diagonal factor is fitted entry by entry, so the
-# padding costs little, and one program for all of them compiles in a fraction of the time of
-# one per length. Matrices with no axis longer than this may share a padded program with others
-# (see `ScaleByKron`).
-PADDED_MAX = 192
 
 
 def fit_padded_vector(fitted: jax.Array, probe: jax.Array, q: jax.Array, count: Any, lr: Any, tiny: Any) -> jax.Array:

@@ -214,14 +214,15 @@ def _matches_numpy(steps: int, scale: float = 1.0, shapes: dict | None = None, l
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "per_layout"])
 def test_steps_match_numpy_from_the_paper(padded, monkeypatch):
     """Both ways of running the step on matrices of three layouts (one turned) and a vector:
-    every small matrix in one padded program (any padding allowed: two solve loops), and one
-    program per layout, the vector's too (none padded: six loops)."""
+    every small matrix in one padded program (any padding allowed: its two solves row by row,
+    two loops), and one program per layout, the vector's too (none padded: each layout's loop
+    of its factors' diagonal blocks' inverses)."""
     if padded:
         monkeypatch.setattr(kron_module, "PADDING_BUDGET", float("inf"))
     else:
         monkeypatch.setattr(kron_module, "PADDED_MAX", 0)
     shapes = {"a_matrix": (6, 4), "b_vector": (5,), "c_matrix": (3, 5), "d_square": (2, 2)}
-    _matches_numpy(STEPS, shapes=shapes, loops=2 if padded else 6)
+    _matches_numpy(STEPS, shapes=shapes, loops=2 if padded else 3)
 
 
 def test_small_layouts_are_padded_together_only_where_that_adds_little_work():
@@ -503,9 +504,10 @@ def test_probes_are_standard_normal_and_numbered_by_entry():
 
 
 def test_one_program_per_layout_and_one_draw_of_probes():
-    """Parameters of one layout, a matrix and its transpose included, share one stack (its two
-    triangular-solve loops once), short vectors one padded program (no loop), and the probes of
-    every stack are drawn by one copy of the normal numbers' code, however many layouts."""
+    """Parameters of one layout, a matrix and its transpose included, share one stack (its loop
+    of the factors' diagonal blocks' inverses once), short vectors one padded program (no
+    loop), and the probes of every stack are drawn by one copy of the normal numbers' code,
+    however many layouts."""
 
     def counts(shapes):
         params = {f"p{i}": jnp.zeros(shape) for i, shape in enumerate(shapes)}
@@ -514,7 +516,7 @@ def test_one_program_per_layout_and_one_draw_of_probes():
         return text.count("stablehlo.while"), text.count("erf_inv")
 
     one = counts([(6, 4)])
-    assert one == (2, 1)
+    assert one == (1, 1)
     assert counts([(6, 4), (4, 6)]) == one
     assert counts([(5,), (4,), ()]) == (0, 1)
     loops = sum(counts([shape])[0] for shape in [(6, 4), (3, 7), (2, 2)])
@@ -523,17 +525,20 @@ def test_one_program_per_layout_and_one_draw_of_probes():
 
 @pytest.mark.parametrize("size", [1, 7, 16, 17, 40, 64])
 def test_solves_by_blocks_on_cpu_by_the_backend_elsewhere(size):
-    """The triangular solves: on CPU by blocks of products (sizes below, at and above the block,
-    and not multiples of it), equal to NumPy's solve in float64; the backend's triangular solve
-    where lowered for a GPU (checked on the lowering)."""
-    from modopt.transforms._kron_numerics import SOLVE_BLOCK, solve_lower
+    """The probe's side of the update, `Q1^{-T} V Q2^{-1}`: on CPU by blocks of products (a
+    factor below, at and above the block size and not a multiple of it, beside a 5 x 5 one),
+    equal to NumPy's solves in float64, with one loop for every diagonal block's inverse and one
+    per factor of several blocks; by the backend's triangular solves where lowered for a GPU."""
+    from modopt.transforms._kron_numerics import SOLVE_BLOCK, conjugate
 
     rng = np.random.default_rng(size)
-    lower = np.tril(rng.standard_normal((size, size))) + 4 * np.eye(size)
-    rhs = rng.standard_normal((size, 3))
-    args = (jnp.asarray(lower, jnp.float32), jnp.asarray(rhs, jnp.float32))
-    np.testing.assert_allclose(jax.jit(solve_lower)(*args), np.linalg.solve(lower, rhs), rtol=1e-5, atol=1e-5)
-    cpu = jax.jit(solve_lower).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
-    gpu = jax.jit(solve_lower).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert cpu.count("stablehlo.while") == (1 if size <= SOLVE_BLOCK else 2) and "trsm" not in cpu
+    q1 = np.triu(rng.standard_normal((size, size))) + 4 * np.eye(size)
+    q2 = np.triu(rng.standard_normal((5, 5))) + 4 * np.eye(5)
+    v = rng.standard_normal((size, 5))
+    expected = np.linalg.solve(q1.T, v) @ np.linalg.inv(q2)
+    args = ((jnp.asarray(q1, jnp.float32), jnp.asarray(q2, jnp.float32)), jnp.asarray(v, jnp.float32))
+    np.testing.assert_allclose(jax.jit(conjugate)(*args), expected, rtol=1e-5, atol=1e-5)
+    cpu = jax.jit(conjugate).trace(*args).lower(lowering_platforms=("cpu",)).as_text()
+    gpu = jax.jit(conjugate).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert cpu.count("stablehlo.while") == 1 + (size > SOLVE_BLOCK) and "trsm" not in cpu
     assert "stablehlo.while" not in gpu and ("triangular_solve" in gpu or "trsm" in gpu)

@@ -223,8 +223,8 @@ class ScaleByKron(AbstractTransform):
     layer do, matrices of similar cost do not. Vectors of at most 192 entries (biases, norms'
     scales), whose one diagonal factor is fitted entry by entry, share one program, each padded
     to the longest. The probes of every program are drawn together. On CPU the triangular
-    solves run in blocks of matrix products (`solve_lower`): as fast as LAPACK's at 128 x 128,
-    several times faster at 2048 x 2048, and free of its stalls on a loaded machine.
+    solves run in blocks of matrix products (`conjugate`): as fast as LAPACK's at 128 x 128,
+    2-3 times faster at 2048 x 2048, and free of its stalls on a loaded machine.
 
     Layout: a matrix's two factors are alike, so `(in, out)` and `(out, in)` storage give the
     same update, transposed. With `merge_dims`, a parameter of higher rank is the matrix
@@ -535,7 +535,7 @@ def _padded_vector(kind: Any) -> bool:
 PADDING_BUDGET = 0.1
 
 
-def unit_work(shape: tuple[int, ...]) -> float:
+def _unit_work(shape: tuple[int, ...]) -> float:
     """The estimated arithmetic of one unit's update and preconditioning, up to a constant: per
     axis of length `d` (of `N` entries in all) about `5.5 N d` for the products and solves
     along it and `d^3` for its factor's step."""
@@ -551,9 +551,9 @@ def _padded_groups(units: dict[Any, int]) -> list[list[Any]]:
 
     def work(group):
         shape = tuple(max(kind[0][axis] for kind in group) for axis in (0, 1))
-        return sum(units[kind] for kind in group) * unit_work(shape)
+        return sum(units[kind] for kind in group) * _unit_work(shape)
 
-    budget = PADDING_BUDGET * sum(count * unit_work(kind[0]) for kind, count in units.items())
+    budget = PADDING_BUDGET * sum(count * _unit_work(kind[0]) for kind, count in units.items())
     groups = [[kind] for kind in units if len(kind[0]) == 2 and max(kind[0]) <= PADDED_MAX]
     while len(groups) > 1:
         added, a, b = min(

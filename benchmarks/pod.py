@@ -371,6 +371,7 @@ def main(argv=None) -> dict:
     text = "\n".join(lines)
     print(text)
     if out:
+        os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "pod.txt"), "w") as f:
             f.write(text + "\n")
         with open(os.path.join(out, "pod.json"), "w") as f:

@@ -40,7 +40,6 @@ from ._kron_numerics import (  # noqa: F401  (DAMPING, kron_probes: the probes' 
     fit_padded,
     fit_padded_vector,
     kron_probes,
-    normal_at,
     normals_at,
     precondition,
     precondition_padded,

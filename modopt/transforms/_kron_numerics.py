@@ -6,7 +6,7 @@ factors are triangular matrices or diagonals; for small matrices of several layo
 matrices (a diagonal one too); and for many short vectors at once (`fit_padded_vector`,
 `precondition_padded_vector`), each padded to the longest, entry by entry. The padded forms
 compute the same formulas; their padding stays zero throughout. The triangular solves run in
-blocks of matrix products on CPU (`solve_lower`).
+blocks of matrix products on CPU (`conjugate`), the padded programs' row by row (`solve_lower`).
 """
 
 from __future__ import annotations
@@ -348,8 +348,6 @@ def precondition_padded(m_hat: jax.Array, q1: jax.Array, q2: jax.Array, count: A
     its RMS (over `count` entries) capped."""
     left = q1.T @ (q1 @ m_hat)
     return clip_rms((q2.T @ (q2 @ left.T)).T, count)
-
-
 
 
 def fit_padded_vector(fitted: jax.Array, probe: jax.Array, q: jax.Array, count: Any, lr: Any, tiny: Any) -> jax.Array:

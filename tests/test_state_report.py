@@ -84,3 +84,18 @@ def test_the_warning_comes_before_the_state_is_allocated(fresh_warnings):
     report = abstract.state_bytes()
     # Kron: per 2-D weight a triangular factor per axis (<= 8192) and the momentum.
     assert report.bytes >= 4 * (2048**2 + 64**2 + 64 * 2048)
+
+
+def test_a_step_count_does_not_tip_sixteen_bytes_into_a_warning(fresh_warnings):
+    """Adan keeps four float32 arrays per parameter (its two moments, the moment of the
+    gradient's difference and the last gradient) and a step count: more than 16 bytes per
+    parameter only by the count's 4 bytes, which do not grow with the model. No warning; one
+    float32 array more per parameter (an EMA of the updates after it) warns."""
+    params = {"w": jnp.zeros((30, 20)), "b": jnp.zeros((20,))}
+    report = modopt.state_bytes(modopt.adan(1e-3), params)
+    assert report.bytes == 4 * 4 * 620 + 4 and report.per_parameter > 16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        modopt.Optimizer(modopt.adan(1e-3), params)
+    with pytest.warns(modopt.StateMemoryWarning, match="20.0 bytes per trained parameter"):
+        modopt.Optimizer(modopt.chain(modopt.adan(1e-3), modopt.ema(0.9)), params)

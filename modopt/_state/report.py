@@ -26,8 +26,8 @@ _WARNED: set[tuple[str, ...]] = set()
 
 
 class StateMemoryWarning(UserWarning):
-    """An optimizer keeps more than 16 bytes of state per trained parameter (float32 Adam
-    keeps 8). Silence it with `warnings.filterwarnings("ignore", category=modopt.StateMemoryWarning)`."""
+    """An optimizer keeps more than 16 bytes of state per trained parameter in arrays that grow
+    with the model (float32 Adam keeps 8; a step count does not count). Silence it with `warnings.filterwarnings("ignore", category=modopt.StateMemoryWarning)`."""
 
 
 class StateArray(NamedTuple):
@@ -114,9 +114,12 @@ def report_of(state: Any, params: Any, largest: int = 5) -> StateReport:
 
 def warn_if_large(state: Any, params: Any, where: str) -> None:
     """A `StateMemoryWarning` (once per process and kind of state) if `state` keeps more than
-    `WARN_BYTES_PER_PARAMETER` bytes per element of `params`, naming its largest arrays."""
+    `WARN_BYTES_PER_PARAMETER` bytes per element of `params` in arrays of one or more axes,
+    naming its largest arrays. Scalars (a step count, a key) do not grow with the model: four
+    float32 moments and a count (Adan's) are 16 bytes per parameter, not more."""
     report = report_of(state, params, largest=3)
-    if report.per_parameter <= WARN_BYTES_PER_PARAMETER:
+    scalars = sum(_nbytes(x) for x in jax.tree_util.tree_leaves(state) if hasattr(x, "dtype") and not np.shape(x))
+    if report.bytes - scalars <= WARN_BYTES_PER_PARAMETER * report.parameters:
         return
     kinds = _state_types(state)
     key = tuple(sorted(kinds))

@@ -22,7 +22,10 @@ from the compiled program (`modopt.sharding.compiled_cost`):
   (each conditional's costliest branch), and amortized over the optimizer's default refresh
   period;
 - repeated work: the step's floating-point operations per device, times N, over those of the
-  same step compiled for one device (1.0: the work is split, nothing is computed twice);
+  same step compiled for one device (1.0: the work is split, nothing is computed twice); XLA
+  counts no operations in library calls, so the decompositions LAPACK runs (SOAP's
+  eigenvectors and QR, GaLore's SVD) are a ratio of their own, "decomp", taken on a refresh
+  step (`compiled_cost`'s `decomposition_flops_costliest`; "-" for a step without any);
 - state: the most optimizer-state bytes on one device over (all state bytes / N);
 - compile time of the sharded step, and the CPU time of the optimizer step and of a full
   training step (forward, backward, optimizer) on the simulated mesh, each against AdamW's.
@@ -246,11 +249,11 @@ def _relative_difference(ours, reference) -> float:
 @functools.lru_cache(maxsize=None)
 def _one_device(name: str, layers: int, width: int, vocab: int) -> tuple:
     """The optimizer step on one device (the same for every layout): the optimizer, its compiled
-    step and that step's FLOPs."""
+    step and that step's `compiled_cost`."""
     host_params = make_params(model_shapes(layers, width, vocab), 0)
     single = modopt.Optimizer(OPTIMIZERS[name][0](), host_params, group_small_leaves=False)  # the sharded state's layout
     compiled = jax.jit(optimizer_step).lower(host_params, single, host_params).compile()
-    return single, compiled, modopt.sharding.compiled_cost(compiled).flops
+    return single, compiled, modopt.sharding.compiled_cost(compiled)
 
 
 def _put(tree, shardings):
@@ -290,7 +293,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
     param_bytes = sum(x.size * 4 for x in jax.tree_util.tree_leaves(host_params))
     unit = param_bytes / DEVICES
 
-    single_flops = _one_device(name, size["layers"], size["width"], size["vocab"])[2]
+    single = _one_device(name, size["layers"], size["width"], size["vocab"])[2]
 
     params = _put(host_params, shardings)
     grads = jax.device_put(jax.tree_util.tree_map(lambda x: np.float32(0.01) * x, host_params), shardings)
@@ -306,7 +309,12 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
         "communication": cost.received_bytes / unit,
         "communication on a refresh": cost.received_bytes_costliest / unit,
         "communication amortized": (cost.received_bytes + (cost.received_bytes_costliest - cost.received_bytes) / period) / unit,
-        "repeated work": cost.flops * DEVICES / single_flops if single_flops else float("nan"),
+        "repeated work": cost.flops * DEVICES / single.flops if single.flops else float("nan"),
+        "repeated decompositions": (
+            cost.decomposition_flops_costliest * DEVICES / single.decomposition_flops_costliest
+            if single.decomposition_flops_costliest
+            else None
+        ),
         "state": most / (total / DEVICES),
         "state bytes per parameter": total / (param_bytes / 4),
         "compile seconds": compile_seconds,
@@ -351,13 +359,14 @@ def main(argv=None) -> dict:
         results["layouts"][layout] = rows
         base = rows.get("adamw")
         lines.append(f"{layout}: communication in units of P/N; ratios per device; times against AdamW's (CPU)")
-        header = f"{'optimizer':10} {'comm':>6} {'refresh':>8} {'amort.':>7} {'work':>6} {'state':>6} {'B/param':>8} {'opt step':>9} {'train':>7} {'compile':>8}"
+        header = f"{'optimizer':10} {'comm':>6} {'refresh':>8} {'amort.':>7} {'work':>6} {'decomp':>6} {'state':>6} {'B/param':>8} {'opt step':>9} {'train':>7} {'compile':>8}"
         lines.append(header)
         for name, row in rows.items():
             ratio = lambda key: row[key] / base[key] if base else float("nan")  # noqa: E731
+            decompositions = "-" if row["repeated decompositions"] is None else f"{row['repeated decompositions']:.2f}"
             lines.append(
                 f"{name:10} {row['communication']:6.2f} {row['communication on a refresh']:8.2f} "
-                f"{row['communication amortized']:7.2f} {row['repeated work']:6.2f} {row['state']:6.2f} "
+                f"{row['communication amortized']:7.2f} {row['repeated work']:6.2f} {decompositions:>6} {row['state']:6.2f} "
                 f"{row['state bytes per parameter']:8.1f} {ratio('optimizer step seconds'):8.2f}x {ratio('train step seconds'):6.2f}x "
                 f"{row['compile seconds']:7.1f}s"
             )
@@ -365,7 +374,7 @@ def main(argv=None) -> dict:
     lines.append(
         f"Goals: communication amortized at most {GOALS['communication']['fsdp']['muon']} (Muon family) and "
         f"{GOALS['communication']['fsdp']['shampoo']} (Shampoo, SOAP, Kron) under FSDP, one more under TP+ZeRO-1, "
-        f"at most {GOALS['refresh']} on a refresh; work at most {GOALS['repeated work']}; state at most {GOALS['state']}."
+        f"at most {GOALS['refresh']} on a refresh; work and decompositions at most {GOALS['repeated work']}; state at most {GOALS['state']}."
     )
     lines.append("Kron refreshes with a probability annealed from 1: amortized here over a period of 1 (its first steps).")
     text = "\n".join(lines)

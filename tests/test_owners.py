@@ -285,6 +285,26 @@ def test_compiled_cost_of_a_program_without_collectives():
     assert cost.flops >= 2 * 8 * 8 * 8  # the product, at least
 
 
+def test_decompositions_counted_by_their_textbook_operation_counts():
+    """XLA counts nothing in a LAPACK call; `compiled_cost` counts the decompositions from their
+    shapes (Golub and Van Loan's counts): a batch of 3 eigendecompositions of 16 x 16 (9 n^3
+    each); the QR of a 20 x 12 matrix, factored and its Q formed (2 m n^2 - 2 n^3 / 3 each); a
+    triangular solve of a 6 x 6 factor with 5 right-hand sides (n^2 k), in a loop of 4 trips;
+    an eigendecomposition in one branch of a conditional, on the costliest path only."""
+
+    def program(a, b, q, t, s, p):
+        solved = jax.lax.fori_loop(0, 4, lambda i, x: jax.lax.linalg.triangular_solve(t, x, left_side=True, lower=True), s)
+        refreshed = jax.lax.cond(p, lambda m: jnp.linalg.eigh(m)[1], lambda m: m, b)
+        return jnp.linalg.eigh(a)[1], jnp.linalg.qr(q)[0], solved, refreshed
+
+    args = (jnp.ones((3, 16, 16)), jnp.eye(10), jnp.ones((20, 12)), jnp.eye(6), jnp.ones((6, 5)), True)
+    cost = compiled_cost(jax.jit(program).lower(*args).compile())
+    plain = 3 * 9 * 16**3 + 2 * (2 * 20 * 12**2 - 2 * 12**3 / 3) + 4 * 6**2 * 5
+    assert cost.decomposition_flops == pytest.approx(plain)
+    assert cost.decomposition_flops_costliest == pytest.approx(plain + 9 * 10**3)
+    assert compiled_cost(jax.jit(lambda x: x @ x).lower(jnp.ones((4, 4))).compile()).decomposition_flops == 0
+
+
 def test_elementwise_stacks_split_inside_their_units_where_padding_would_double_them():
     """`spread_spec`: a stack of elementwise state is split along its largest unit dimension
     that the device count divides, over every mesh axis, where padding it to the device count

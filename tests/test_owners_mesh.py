@@ -12,7 +12,9 @@ and GaLore's rank 16 is an eighth of the width, as in the benchmark; see the wor
   step, within `pod.GOALS`: a full all-gather of a statistic, or collectives inside the
   Newton-Schulz loop, would cost several times more;
 - repeated work: per-device FLOPs times 8 over one device's, at most `pod.GOALS["repeated work"]`
-  (a matrix computed on every device instead of its owner would cost up to 8);
+  (a matrix computed on every device instead of its owner would cost up to 8); so are the
+  decompositions of a refresh step that LAPACK runs (SOAP's, GaLore's), which XLA's count
+  leaves out;
 - state: the most state bytes a device holds over an even split of the state without its
   padding units, at most `pod.GOALS["state"]`;
 - the parameters and state after 2 steps equal the one-device step's within the tolerance the
@@ -34,6 +36,10 @@ WORKER = os.path.join(os.path.dirname(__file__), "owners_mesh_worker.py")
 TIMEOUT = 900
 GROUPS = [["muon", "normuon", "adamuon", "adamw"], ["shampoo", "soap"], ["kron", "galore"]]
 TOLERANCE = {"muon": 1e-3, "normuon": 1e-3, "adamuon": 1e-3, "soap": 2e-4}
+# GaLore's refresh SVDs the 4 matrices of each of its (128, 512) and (512, 128) stacks on 8
+# devices: each stack is padded to 8 units, and the padding's SVDs double those matrices' work
+# (1.79 in all, measured; 8 if every device ran every SVD). It refreshes every 200 steps.
+DECOMPOSITIONS = {"galore": 2.0}
 # Stepped on its own: once per way of cutting units (NorMuon and AdaMuon cut as Muon does).
 ALONE = ("muon", "shampoo", "soap", "kron")
 # Stored stacks are padded to the device count, so the (2, 2, 2) mesh splits them as the (8,)
@@ -80,11 +86,13 @@ def test_each_step_within_its_bounds_and_equal_to_one_device(rows):
                 "communication amortized": (row["communication amortized"], limit),
                 "communication on a refresh": (row["communication on a refresh"], bounds["refresh"] if limit else None),
                 "repeated work": (row["repeated work"], bounds["repeated work"]),
+                # LAPACK's decompositions (SOAP's, GaLore's), which XLA's count leaves out.
+                "repeated decompositions": (row["repeated decompositions"], DECOMPOSITIONS.get(name, bounds["repeated work"])),
                 "state": (row["state"], bounds["state"]),
                 "difference from one device": (row["difference from one device"], TOLERANCE.get(name, 1e-5)),
             }
             for what, (value, bound) in checks.items():
-                if bound is not None and not value <= bound:
+                if bound is not None and value is not None and not value <= bound:
                     failures.append(f"{name} on {layout}: {what} {value:.3g} > {bound}")
     assert not failures, "\n".join(failures)
 

@@ -20,6 +20,21 @@ bytes (the result's, or for a reduce-scatter the input's):
 A conditional (`lax.cond`, `lax.switch`: a refresh every k steps, a first step) runs one
 branch: `received_bytes` takes each conditional's cheapest branch (a plain step),
 `received_bytes_costliest` its costliest (a refresh step).
+
+XLA's cost analysis counts no work in a library call (a custom call): the decompositions that
+LAPACK or cuSOLVER run (SOAP's eigenvectors and QR, GaLore's SVD). `compiled_cost` counts them
+itself from their shapes, with the textbook operation counts (Golub and Van Loan, *Matrix
+Computations*, 4th ed.; an `m x n` matrix, `m >= n`, a batch counted per matrix), as many
+times as they run (loop trip counts, one branch of a conditional):
+
+| call | floating-point operations |
+| --- | --- |
+| symmetric eigendecomposition with vectors (`syevd`, `heevd`) | `9 n^3` |
+| QR (`geqrf`), forming its Q (`orgqr`, `ungqr`) | `2 m n^2 - 2 n^3 / 3` each |
+| SVD with vectors (`gesdd`, `gesvd`) | `4 m^2 n + 8 m n^2 + 9 n^3` |
+| Cholesky (`potrf`) | `n^3 / 3` |
+| LU (`getrf`) | `2 n^3 / 3` |
+| triangular solve (`trsm`): an `n x n` factor, `k` right-hand sides | `n^2 k` |
 """
 
 from __future__ import annotations
@@ -72,6 +87,10 @@ class CompiledCost:
         collectives: every collective on the plain path.
         unknown_trip_counts: loops holding collectives whose trip count XLA does not know (each
             counted once).
+        decomposition_flops: the floating-point operations of the library calls each device
+            runs (decompositions, triangular solves: see the module's docstring), which `flops`
+            leaves out, on the plain path.
+        decomposition_flops_costliest: the same on the costliest path (a refresh step).
     """
 
     received_bytes: float
@@ -79,6 +98,8 @@ class CompiledCost:
     flops: float
     collectives: tuple[Collective, ...]
     unknown_trip_counts: int
+    decomposition_flops: float = 0.0
+    decomposition_flops_costliest: float = 0.0
 
     def by_kind(self) -> dict[str, float]:
         """Bytes received per device on the plain path, by kind of collective."""
@@ -115,19 +136,30 @@ def compiled_cost(compiled: Any) -> CompiledCost:
         flops=flops,
         collectives=tuple(plain.collectives),
         unknown_trip_counts=plain.unknown,
+        decomposition_flops=plain.decomposition_flops,
+        decomposition_flops_costliest=costliest.decomposition_flops,
     )
 
 
 @dataclasses.dataclass
 class _Traffic:
+    """What one path through a computation costs a device: the bytes it receives, its
+    collectives, loops of unknown trip count among them, and the library calls' operations."""
+
     bytes: float = 0.0
     collectives: list = dataclasses.field(default_factory=list)
     unknown: int = 0
+    decomposition_flops: float = 0.0
 
     def add(self, other: _Traffic, times: int = 1) -> None:
         self.bytes += other.bytes * times
         self.unknown += other.unknown
         self.collectives += [dataclasses.replace(c, executions=c.executions * times) for c in other.collectives]
+        self.decomposition_flops += other.decomposition_flops * times
+
+    def rank(self) -> tuple[float, float]:
+        """How costly the path is: by bytes received, then by the library calls' operations."""
+        return self.bytes, self.decomposition_flops
 
 
 @dataclasses.dataclass
@@ -181,6 +213,9 @@ class _Program:
             if base in _COLLECTIVES:
                 total.add(_Traffic(*self._collective(instruction, base, name)))
                 continue
+            if opcode == "custom-call":
+                total.decomposition_flops += _decomposition_flops(instruction, self._operand_types(instruction))
+                continue
             if opcode == "while":
                 body = _attribute(instruction.rest, "body")
                 trips = _trip_count(instruction.rest)
@@ -193,7 +228,7 @@ class _Program:
                 branches = _branches(instruction.rest)
                 costs = [self.traffic(cheapest, b) for b in branches]
                 if costs:
-                    total.add(min(costs, key=lambda t: t.bytes) if cheapest else max(costs, key=lambda t: t.bytes))
+                    total.add(min(costs, key=_Traffic.rank) if cheapest else max(costs, key=_Traffic.rank))
                 continue
             for callee in _callees(instruction.rest):
                 total.add(self.traffic(cheapest, callee))
@@ -223,6 +258,45 @@ class _Program:
         if _ARRAY.search(operands):
             return operands
         return " ".join(self.types.get(name, "") for name in re.findall(r"%([\w.\-]+)", operands))
+
+
+# A decomposition's operation count from its first result, the `(..., m, n)` matrix it
+# decomposes (see the module's docstring). Keyed by the routine's name inside the call's target
+# ("lapack_ssyevd_ffi", "cusolver_geqrf_ffi", ...); a triangular solve ("trsm") is counted from
+# its factor and right-hand sides.
+_DECOMPOSITIONS = {
+    "syevd": lambda m, n: 9 * n**3,
+    "heevd": lambda m, n: 9 * n**3,
+    "geqrf": lambda m, n: 2 * max(m, n) * min(m, n) ** 2 - 2 * min(m, n) ** 3 / 3,
+    "orgqr": lambda m, n: 2 * max(m, n) * min(m, n) ** 2 - 2 * min(m, n) ** 3 / 3,
+    "ungqr": lambda m, n: 2 * max(m, n) * min(m, n) ** 2 - 2 * min(m, n) ** 3 / 3,
+    "gesdd": lambda m, n: 4 * max(m, n) ** 2 * min(m, n) + 8 * max(m, n) * min(m, n) ** 2 + 9 * min(m, n) ** 3,
+    "gesvd": lambda m, n: 4 * max(m, n) ** 2 * min(m, n) + 8 * max(m, n) * min(m, n) ** 2 + 9 * min(m, n) ** 3,
+    "potrf": lambda m, n: n**3 / 3,
+    "getrf": lambda m, n: 2 * n**3 / 3,
+}
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+
+
+def _decomposition_flops(instruction: _Instruction, operand_types: str) -> float:
+    """The operations of a custom call that runs a decomposition or a triangular solve (0 for any
+    other custom call), per the module's table, times its batch."""
+    target = _TARGET.search(instruction.rest)
+    name = target.group(1).lower() if target else ""
+    result = _dims(instruction.type)
+    if "trsm" in name:  # the factor (..., n, n) first among the operands; the result is the right-hand sides
+        factor = _dims(operand_types)
+        return float(math.prod(result)) * factor[-1] if len(factor) >= 2 and result else 0.0
+    routine = next((r for r in _DECOMPOSITIONS if r in name), None)
+    if routine is None or len(result) < 2:
+        return 0.0
+    return math.prod(result[:-2]) * float(_DECOMPOSITIONS[routine](result[-2], result[-1]))
+
+
+def _dims(type_text: str) -> list[int]:
+    """The dimensions of the first array in an HLO type."""
+    arrays = _ARRAY.findall(type_text)
+    return [int(d) for d in arrays[0][1].split(",") if d] if arrays else []
 
 
 def _bytes(type_text: str) -> int:

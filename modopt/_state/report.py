@@ -27,7 +27,8 @@ _WARNED: set[tuple[str, ...]] = set()
 
 class StateMemoryWarning(UserWarning):
     """An optimizer keeps more than 16 bytes of state per trained parameter in arrays that grow
-    with the model (float32 Adam keeps 8; a step count does not count). Silence it with `warnings.filterwarnings("ignore", category=modopt.StateMemoryWarning)`."""
+    with the model (float32 Adam keeps 8; a step count does not count). Silence it with
+    `warnings.filterwarnings("ignore", category=modopt.StateMemoryWarning)`."""
 
 
 class StateArray(NamedTuple):

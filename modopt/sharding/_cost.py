@@ -29,9 +29,9 @@ times as they run (loop trip counts, one branch of a conditional):
 
 | call | floating-point operations |
 | --- | --- |
-| symmetric eigendecomposition with vectors (`syevd`, `heevd`) | `9 n^3` |
+| symmetric eigendecomposition with vectors (`syevd`, `heevd`; the Jacobi `syevj`) | `9 n^3` |
 | QR (`geqrf`), forming its Q (`orgqr`, `ungqr`) | `2 m n^2 - 2 n^3 / 3` each |
-| SVD with vectors (`gesdd`, `gesvd`) | `4 m^2 n + 8 m n^2 + 9 n^3` |
+| SVD with vectors (`gesdd`, `gesvd`, `gesvdj`) | `4 m^2 n + 8 m n^2 + 9 n^3` |
 | Cholesky (`potrf`) | `n^3 / 3` |
 | LU (`getrf`) | `2 n^3 / 3` |
 | triangular solve (`trsm`): an `n x n` factor, `k` right-hand sides | `n^2 k` |
@@ -264,14 +264,22 @@ class _Program:
 # decomposes (see the module's docstring). Keyed by the routine's name inside the call's target
 # ("lapack_ssyevd_ffi", "cusolver_geqrf_ffi", ...); a triangular solve ("trsm") is counted from
 # its factor and right-hand sides.
+def _eigh(m: int, n: int) -> float:
+    return 9 * n**3
+
+
+def _qr(m: int, n: int) -> float:
+    return 2 * max(m, n) * min(m, n) ** 2 - 2 * min(m, n) ** 3 / 3
+
+
+def _svd(m: int, n: int) -> float:
+    return 4 * max(m, n) ** 2 * min(m, n) + 8 * max(m, n) * min(m, n) ** 2 + 9 * min(m, n) ** 3
+
+
 _DECOMPOSITIONS = {
-    "syevd": lambda m, n: 9 * n**3,
-    "heevd": lambda m, n: 9 * n**3,
-    "geqrf": lambda m, n: 2 * max(m, n) * min(m, n) ** 2 - 2 * min(m, n) ** 3 / 3,
-    "orgqr": lambda m, n: 2 * max(m, n) * min(m, n) ** 2 - 2 * min(m, n) ** 3 / 3,
-    "ungqr": lambda m, n: 2 * max(m, n) * min(m, n) ** 2 - 2 * min(m, n) ** 3 / 3,
-    "gesdd": lambda m, n: 4 * max(m, n) ** 2 * min(m, n) + 8 * max(m, n) * min(m, n) ** 2 + 9 * min(m, n) ** 3,
-    "gesvd": lambda m, n: 4 * max(m, n) ** 2 * min(m, n) + 8 * max(m, n) * min(m, n) ** 2 + 9 * min(m, n) ** 3,
+    **dict.fromkeys(("syevd", "heevd", "syevj", "heevj"), _eigh),
+    **dict.fromkeys(("geqrf", "orgqr", "ungqr"), _qr),
+    **dict.fromkeys(("gesdd", "gesvd"), _svd),  # also cuSOLVER's Jacobi SVD, "gesvdj"
     "potrf": lambda m, n: n**3 / 3,
     "getrf": lambda m, n: 2 * n**3 / 3,
 }

@@ -52,6 +52,9 @@ from jax.sharding import PartitionSpec as P
 from modopt.integrations.orbax import CheckpointManager
 
 import modopt
+import testing_gc
+
+testing_gc.collect_less()
 
 K, N = 3, 6
 SHAPES = {"w1": (16, 32), "b1": (32,), "w2": (32, 24), "w3": (24, 10)}

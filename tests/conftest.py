@@ -1,9 +1,10 @@
-import gc
 import os
 import sys
 
 # Tests import the registry as a plain module.
 sys.path.insert(0, os.path.dirname(__file__))
+
+import testing_gc  # noqa: E402
 
 # XLA's CPU fusion emitters take about twice as long to compile the suite's small programs as the
 # elemental emitters, and the suite is mostly compiling (measured: 38% less CPU for the Shampoo
@@ -42,17 +43,8 @@ LONG_FIRST = (
 )
 
 
-# Python's cyclic garbage collector took about 6% of a worker's CPU (perf, on
-# `test_state_dtypes.py`): tracing and lowering allocate millions of short-lived containers, and
-# each full collection walked every object that jax, optax, flax and the registry keep from
-# import. The workers collect less often and leave what was there after collection out of the
-# walks (measured side by side, the two runs at once: 4-5% less CPU on the schedule and dtype
-# tests, 3.4% on the registry's, the same peak memory).
-GC_THRESHOLDS = (50_000, 20, 100)  # Python's defaults: (700, 10, 10)
-
-
 def pytest_configure(config):
-    gc.set_threshold(*GC_THRESHOLDS)
+    testing_gc.collect_less()  # and again once collected: see testing_gc.py
     if os.environ.get("MODOPT_COMPILE_REPORT"):  # where the time goes, by file: see compile_report.py
         import compile_report
 
@@ -68,5 +60,4 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    gc.collect()
-    gc.freeze()  # the modules and parametrizations collection made live to the end
+    testing_gc.collect_less()  # the modules and parametrizations collection made live to the end

@@ -45,6 +45,9 @@ import modopt
 from modopt.examples import _processes
 from modopt.integrations import _lock
 from modopt.integrations.orbax import CheckpointError, CheckpointManager
+import testing_gc
+
+testing_gc.collect_less()
 
 START = time.monotonic()
 # Set from the command line (`main`); importing this module (the test does, for the problem's

@@ -21,6 +21,9 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_opti
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 import pod  # noqa: E402 (sets the device count before jax is imported)
+import testing_gc  # noqa: E402
+
+testing_gc.collect_less()
 
 STEPS = 2
 # Shampoo's reference rule merges a matrix of at most 4096 entries into a vector before cutting

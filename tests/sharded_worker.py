@@ -34,6 +34,9 @@ from jax.sharding import PartitionSpec as P
 from registry import BY_NAME
 
 import modopt
+import testing_gc
+
+testing_gc.collect_less()
 
 STEPS = 3
 NEWTON_SCHULZ_TOLERANCE = 1e-3

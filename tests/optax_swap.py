@@ -27,6 +27,7 @@ import types
 import typing
 
 import pytest
+import testing_gc
 
 # optax's public namespaces, each with modopt's namespace of the same objects.
 NAMESPACES = (
@@ -169,6 +170,11 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     count = swap()
     config.stash[_COUNT] = count
+    testing_gc.collect_less()  # as in this suite's own workers
+
+
+def pytest_collection_finish(session):
+    testing_gc.collect_less()
 
 
 def pytest_report_header(config):

@@ -5,8 +5,7 @@ thresholds each full collection walked every object that jax, optax, flax and th
 keep from import: about 6% of a worker's CPU (perf, on `test_state_dtypes.py`). Measured side
 by side (the two runs at once, on the same machine): 4-5% less CPU on the schedule and dtype
 tests, 3.4% on the registry's, 3.5% on the beyond-optax mesh worker, with the same peak
-memory; turning collection off saved nothing more. Glibc's malloc tunables (a larger thread
-cache, higher trim and mmap thresholds), measured alike, cost 10-18% more CPU.
+memory; turning collection off saved nothing more.
 """
 
 from __future__ import annotations

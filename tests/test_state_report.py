@@ -77,6 +77,15 @@ def test_optimizer_warns_once_above_16_bytes_naming_the_arrays(fresh_warnings):
         modopt.Optimizer(modopt.adamw(1e-3), model)  # 8 bytes per parameter: nothing to say
 
 
+def test_the_warning_points_into_an_example_job_not_past_it(fresh_warnings):
+    """The example jobs (`modopt.examples`) are user code: the warning names their line that
+    built the optimizer, not the line that launched the job."""
+    job = compile("optimizer = modopt.Optimizer(modopt.soap(3e-3), model)\n", "example_job.py", "exec")
+    with pytest.warns(modopt.StateMemoryWarning) as record:
+        exec(job, {"__name__": "modopt.examples.example_job", "modopt": modopt, "model": _Net()})
+    assert (record[0].filename, record[0].lineno) == ("example_job.py", 1)
+
+
 def test_the_warning_comes_before_the_state_is_allocated(fresh_warnings):
     """An abstract optimizer (`jax.eval_shape`) warns and reports alike: no array allocated."""
     with pytest.warns(modopt.StateMemoryWarning, match="Kron: `max_size_triangular`"):

@@ -143,12 +143,17 @@ def warn_if_large(state: Any, params: Any, where: str) -> None:
 
 
 def _user_stacklevel() -> int:
-    """The `stacklevel` of the first caller outside modopt, Equinox and JAX (the user's line)."""
+    """The `stacklevel` of the first caller outside modopt, Equinox and JAX (the user's line;
+    the example jobs in `modopt.examples` are user code)."""
     import sys
 
     inside = ("modopt", "equinox", "jax", "jaxlib", "contextlib")
+
+    def library(name: str) -> bool:
+        return name.split(".")[0] in inside and not name.startswith("modopt.examples.")
+
     frame, level = sys._getframe(2), 2  # the caller of `warn_if_large`'s caller
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in inside:
+    while frame is not None and library(frame.f_globals.get("__name__", "")):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -135,3 +135,14 @@ for _namespace in (transforms, schedules):
 del _namespace, _name
 
 __version__ = "0.1.0"
+
+_NAMESPACES = ("contrib", "experimental", "trax", "losses", "linalg", "second_order", "monte_carlo", "projections",
+               "perturbations", "assignment", "microbatching", "tree", "tree_utils", "sharding")  # fmt: skip
+
+
+def __getattr__(name: str):
+    """A name missing at the top level but public in a namespace (`modopt.muon`, which is
+    `modopt.contrib.muon` as in optax) is an error that says where it is."""
+    found = [f"modopt.{space}.{name}" for space in _NAMESPACES if not name.startswith("_") and name in vars(globals()[space])]
+    where = f"; it is {' and '.join(found)}" if found else ""
+    raise AttributeError(f"module 'modopt' has no attribute {name!r}{where}")

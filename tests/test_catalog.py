@@ -86,3 +86,29 @@ def test_guide_coverage_block_is_the_report(capsys):
     assert shown[:2] == report[:2] and shown[-3:] == report[-3:]
     rest = iter(report)  # every line shown is the report's, in the report's order
     assert all(any(line == other for other in rest) for line in shown), "the block is not the report's"
+
+
+def test_a_name_of_a_namespace_asked_for_at_the_top_level_is_an_error_saying_where_it_is():
+    """`modopt.muon` is `modopt.contrib.muon`, as in optax: the error says so, every place it
+    names holds the name, and a name found nowhere gets the plain error."""
+    import functools
+    import re
+
+    import pytest
+
+    import modopt
+
+    with pytest.raises(AttributeError, match=r"no attribute 'muon'; it is modopt\.contrib\.muon$"):
+        modopt.muon  # noqa: B018
+    assert not hasattr(modopt, "galore") and hasattr(modopt.contrib, "galore")
+    for name in ("galore", "sophia", "softmax_cross_entropy_with_integer_labels", "Adafactor", "tree_sum"):
+        if hasattr(modopt, name):
+            continue
+        with pytest.raises(AttributeError) as error:
+            getattr(modopt, name)
+        places = re.findall(r"modopt(?:\.\w+)+", str(error.value).split(";", 1)[-1])
+        assert places, str(error.value)
+        for place in places:
+            assert functools.reduce(getattr, place.split(".")[1:], modopt) is not None, place
+    with pytest.raises(AttributeError, match=r"^module 'modopt' has no attribute 'no_such_optimizer'$"):
+        modopt.no_such_optimizer  # noqa: B018

@@ -454,7 +454,7 @@ class ScaleByKron(AbstractTransform):
                     short = _PaddedVectors([kinds[i] for i in vectors], [len(fitted[i]) for i in vectors])
                     offsets = jnp.concatenate([pieces[i][-1][0] for i in vectors])
                     numbers.append(jax.vmap(entry_numbers, in_axes=(0, None))(offsets, jax.lax.iota(jnp.uint32, short.length)))
-                probes = iter(normals_at(seed, numbers))
+                probes = iter(normals_at(seed, numbers, used=do_update))
                 new = list(factors)
                 for members in stacks:
                     x = _joined([fitted[i] for i in members])

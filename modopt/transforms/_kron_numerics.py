@@ -72,23 +72,33 @@ def entry_numbers(offset: Any, index: jax.Array) -> tuple[jax.Array, jax.Array]:
     return offset[0] + (low < offset[1]).astype(jnp.uint32), low  # the carry into the high word
 
 
-def normal_at(seed: jax.Array, hi: jax.Array, lo: jax.Array) -> jax.Array:
+def normal_at(seed: jax.Array, hi: jax.Array, lo: jax.Array, used: Any = None) -> jax.Array:
     """Standard normal float32 numbers, one per entry number `(hi, lo)` (uint32 words): the
     exclusive or of Threefry's two words of the number, a uniform in (-1, 1) from its top 23
-    bits, and `sqrt(2) erfinv` of that."""
-    x0, x1 = threefry2x32(seed, hi, lo)
-    bits = x0 ^ x1
+    bits, and `sqrt(2) erfinv` of that.
+
+    `used`: a traced boolean that is true wherever the numbers are used (the condition of the
+    update that uses them). The Threefry words are then made under a conditional on it, which
+    XLA never fuses into what reads them. Fused, each computation that reads the numbers (a
+    stack's solves, its damping, each part of `erfinv`) ran the 20 rounds again: about 5% of
+    Kron's step on the digits MLP, in twenty copies of the rounds in its program."""
+    if used is None:
+        bits = jnp.bitwise_xor(*threefry2x32(seed, hi, lo))
+    else:
+        bits = jax.lax.cond(
+            used, lambda: jnp.bitwise_xor(*threefry2x32(seed, hi, lo)), lambda: jnp.zeros(jnp.shape(hi), jnp.uint32)
+        )
     unit = jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
     lowest = np.nextafter(np.float32(-1.0), np.float32(0.0))
     return np.float32(math.sqrt(2.0)) * jax.lax.erf_inv(jnp.maximum(2.0 * unit - 1.0, lowest))
 
 
-def normals_at(seed: jax.Array, numbers: list[tuple[jax.Array, jax.Array]]) -> list[jax.Array]:
-    """`normal_at` of several arrays of entry numbers `(hi, lo)`, drawn together: one copy of
-    Threefry's rounds in the compiled step, however many stacks draw probes."""
+def normals_at(seed: jax.Array, numbers: list[tuple[jax.Array, jax.Array]], used: Any = None) -> list[jax.Array]:
+    """`normal_at` of several arrays of entry numbers `(hi, lo)`, drawn together (one copy of
+    Threefry's rounds in the compiled step, however many stacks draw probes; see `used` there)."""
     if len(numbers) == 1:
-        return [normal_at(seed, *numbers[0])]
-    flat = normal_at(seed, *(jnp.concatenate([jnp.ravel(x[k]) for x in numbers]) for k in (0, 1)))
+        return [normal_at(seed, *numbers[0], used)]
+    flat = normal_at(seed, *(jnp.concatenate([jnp.ravel(x[k]) for x in numbers]) for k in (0, 1)), used)
     bounds = np.cumsum([0] + [x[0].size for x in numbers])
     return [flat[a:b].reshape(x[0].shape) for x, a, b in zip(numbers, bounds[:-1], bounds[1:])]
 

@@ -78,19 +78,27 @@ def normal_at(seed: jax.Array, hi: jax.Array, lo: jax.Array, used: Any = None) -
     bits, and `sqrt(2) erfinv` of that.
 
     `used`: a traced boolean that is true wherever the numbers are used (the condition of the
-    update that uses them). The Threefry words are then made under a conditional on it, which
-    XLA never fuses into what reads them. Fused, each computation that reads the numbers (a
-    stack's solves, its damping, each part of `erfinv`) ran the 20 rounds again: about 5% of
-    Kron's step on the digits MLP, in twenty copies of the rounds in its program."""
+    update that uses them). The Threefry words, then the normal numbers, are made under
+    conditionals on it, whose results XLA never fuses into what reads them. Fused, every
+    computation that read the numbers (each part of `erfinv`, a stack's solves, its damping) ran
+    the 20 rounds again, and the polynomials of `erfinv`: twenty copies of the rounds in Kron's
+    program, and 2-4% of its step on the digits MLP on two cores (6% on one)."""
+    words = lambda: jnp.bitwise_xor(*threefry2x32(seed, hi, lo))  # noqa: E731
     if used is None:
-        bits = jnp.bitwise_xor(*threefry2x32(seed, hi, lo))
-    else:
-        bits = jax.lax.cond(
-            used, lambda: jnp.bitwise_xor(*threefry2x32(seed, hi, lo)), lambda: jnp.zeros(jnp.shape(hi), jnp.uint32)
-        )
+        return _normal(words())
+    bits = _made_if(used, words, jnp.shape(hi), jnp.uint32)
+    return _made_if(used, lambda: _normal(bits), jnp.shape(hi), jnp.float32)
+
+
+def _normal(bits: jax.Array) -> jax.Array:
     unit = jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
     lowest = np.nextafter(np.float32(-1.0), np.float32(0.0))
     return np.float32(math.sqrt(2.0)) * jax.lax.erf_inv(jnp.maximum(2.0 * unit - 1.0, lowest))
+
+
+def _made_if(used: Any, make: Any, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """`make()` where `used` holds, zeros else: a conditional's result, made whole once."""
+    return jax.lax.cond(used, make, lambda: jnp.zeros(shape, dtype))
 
 
 def normals_at(seed: jax.Array, numbers: list[tuple[jax.Array, jax.Array]], used: Any = None) -> list[jax.Array]:

@@ -523,6 +523,26 @@ def test_one_program_per_layout_and_one_draw_of_probes():
     assert counts([(6, 4), (5,), (3, 7), (7, 3), (2, 2), (4,), ()]) == (loops, 1)
 
 
+def test_the_compiled_step_runs_the_probes_rounds_once():
+    """In the optimized program, Threefry's rounds of the probes are in one fused computation,
+    however many stacks and layouts read the probes: XLA copies cheap elementwise work into
+    each reader otherwise (each part of `erfinv`, each stack's solve, its damping), and each
+    copy runs again. The step's coins (computations of scalars and key words) may be copied."""
+    import re
+
+    def fusions_with_rounds(shapes):
+        params = {f"p{i}": jnp.ones(shape) for i, shape in enumerate(shapes)}
+        tx = modopt.scale_by_kron()
+        text = jax.jit(tx.update).lower(params, tx.init(params), params).compile().as_text()
+        heads = [c.split("\n")[0] for c in text.split("\n\n") if c.count("shift-left(") >= 20]
+        # Any array other than a scalar or a key's two words: the probes' entry numbers or values.
+        return [h for h in heads if re.search(r"\[(?!2?\])[\d,]+\]", h)]
+
+    for shapes in ([(6, 4)], [(6, 4), (5,), (3, 7), (7, 3), (2, 2), (4,), ()], [(6, 4), (3, 7), (40, 30)]):
+        found = fusions_with_rounds(shapes)
+        assert len(found) == 1, (shapes, found)
+
+
 @pytest.mark.parametrize("size", [1, 7, 16, 17, 40, 64])
 def test_solves_by_blocks_on_cpu_by_the_backend_elsewhere(size):
     """The probe's side of the update, `Q1^{-T} V Q2^{-1}`: on CPU by blocks of products (a

@@ -220,7 +220,7 @@ def main(directory, names):
             straight[name] = origin.train(params, optimizer, range(K, N))
         except Exception:  # noqa: BLE001 - reported per optimizer
             failed.append(name)
-            print(f"FAIL {name}: training on A\n{traceback.format_exc()}")
+            print(f"FAIL {name}: training on A\n{traceback.format_exc()}", flush=True)
     with CheckpointManager(directory) as manager:
         manager.save(K, **items)
     names = [name for name in names if name not in failed]
@@ -270,10 +270,10 @@ def main(directory, names):
                     ),
                 )
                 shown = "bit for bit" if tolerance is None else f"largest relative difference {worst:.1e}"
-                print(f"ok {name} {target}: {shown} ({time.perf_counter() - start:.1f} s)")
+                print(f"ok {name} {target}: {shown} ({time.perf_counter() - start:.1f} s)", flush=True)
             except Exception:  # noqa: BLE001 - reported per optimizer
                 failed.append(name)
-                print(f"FAIL {name}: restored onto {target}\n{traceback.format_exc()}")
+                print(f"FAIL {name}: restored onto {target}\n{traceback.format_exc()}", flush=True)
     sys.stdout.flush()
     if failed:
         sys.exit(1)

@@ -23,15 +23,6 @@ if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"] + " --xla_backend_optimization_level=0"
 
-# XLA's CPU collectives end the process when a simulated device reaches a collective 40 s after
-# the others. On this 2-core machine, loaded by the rest of the suite, threads progress at
-# different rates: `.ci/run` lost the 8-device worker of `test_beyond_optax_meshes.py` that way
-# once on 2026-11-30 ("Expected 8 threads to join the rendezvous, but only 7 of them arrived on
-# time"). The workers, which inherit these flags, wait 5 minutes instead; a real deadlock still
-# fails its test at the test's own timeout.
-if "--xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=300"
-
 # Files whose tests run for tens of seconds each, mostly in subprocesses. They are collected
 # first: with `pytest -n 2` a long test handed out last keeps one worker busy while the other
 # has nothing left to do. (Measured on 2026-11-29: `--dist loadfile`, which keeps a file's

@@ -26,15 +26,26 @@ NAMES = ["soap", "shampoo", "kron", "adam_mini", "normuon", "muon"]
 TIMEOUT = 600  # ~50 s of CPU; the rest is room for a machine shared with other work
 
 
+# XLA's CPU runtime, running 8 simulated devices on this 2-core machine's thread pool, sometimes
+# leaves one device out of a collective: XLA ends the process ("Termination timeout ... Expected
+# 8 threads to join the rendezvous"). On 2026-11-30 this worker hit it in 2 of 5 runs of
+# `.ci/run`, in Shampoo's step, not reproduced in 14 runs of the worker alone. A worker ended
+# that way runs once more, in a new process; a second such end fails the tests.
+ENDED_BY_XLA = "Termination timeout"
+
+
 @pytest.fixture(scope="module")
 def worker_output(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("beyond_optax_meshes")
-    try:
-        result = subprocess.run(
-            [sys.executable, WORKER, str(directory), *NAMES], capture_output=True, text=True, timeout=TIMEOUT
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"beyond_optax_mesh_worker.py did not finish in {TIMEOUT} s (a collective deadlock?)")
+    for attempt in range(2):
+        directory = tmp_path_factory.mktemp("beyond_optax_meshes")
+        try:
+            result = subprocess.run(
+                [sys.executable, WORKER, str(directory), *NAMES], capture_output=True, text=True, timeout=TIMEOUT
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"beyond_optax_mesh_worker.py did not finish in {TIMEOUT} s (a collective deadlock?)")
+        if result.returncode == 0 or ENDED_BY_XLA not in result.stderr:
+            return result
     return result
 
 

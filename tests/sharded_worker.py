@@ -463,7 +463,35 @@ def readme() -> None:
     print("ok readme")
 
 
-CASES = {"registry": registry, "registry_explicit": registry_explicit, "mlp": mlp, "created": created, "checkpoint": checkpoint, "flax": flax_train_state, "nnx": nnx_optimizer, "readme": readme}
+def galore_both_ways() -> None:
+    """GaLore on weights of shapes (24, 8) and (8, 24), six of each split over "model": one stack
+    of twelve units (the tall ones transposed), two per device (one of them padding on four
+    devices), each unit through the SVD of its own orientation. Two steps, the first a refresh:
+    one device's numbers."""
+    shapes = {**{f"tall{i}": (24, 8) for i in range(6)}, **{f"wide{i}": (8, 24) for i in range(6)}}
+    specs = {name: P("model", None) if name.startswith("tall") else P(None, "model") for name in shapes}
+    keys = dict(zip(shapes, jax.random.split(jax.random.key(2), len(shapes))))
+
+    def draw(step):
+        return {name: jax.random.normal(jax.random.fold_in(keys[name], step), shape) for name, shape in shapes.items()}
+
+    tx = modopt.contrib.galore(0.1, rank=4, update_proj_gap=2)
+    step = stepper()
+    one_params, one = draw(100), modopt.Optimizer(tx, draw(100))
+    mesh = make_mesh()
+    shardings = named(mesh, specs)
+    params = jax.device_put(draw(100), shardings)
+    optimizer = modopt.Optimizer(tx, params, shardings=shardings)
+    jitted = jax.jit(step)
+    for i in range(2):
+        one_params, one = eqx.filter_jit(step)(one_params, one, draw(i))
+        params, optimizer = jax.block_until_ready(jitted(params, optimizer, jax.device_put(draw(i), shardings)))
+    assert_close(params, one_params, "params", 1e-5)
+    assert_close(optimizer.state, one.state, "state", 1e-5)
+    print("ok galore both ways")
+
+
+CASES = {"registry": registry, "registry_explicit": registry_explicit, "mlp": mlp, "created": created, "checkpoint": checkpoint, "flax": flax_train_state, "nnx": nnx_optimizer, "readme": readme, "galore_both_ways": galore_both_ways}
 
 if __name__ == "__main__":
     # Several cases may share a process, separated by "+": `mlp auto + mlp auto zero + flax`.

@@ -411,3 +411,39 @@ def test_galore_refreshes_its_projections_on_owners():
     alone = _primitives(jax.make_jaxpr(tx.update)(params, state, params).jaxpr)
     svds = [inside for name, inside in alone if name == "svd"]
     assert len(svds) == 2 and not any("shard_map" in inside for inside in svds), svds
+
+
+def test_galore_stacks_a_weight_with_its_transpose():
+    """On a mesh of 2, a (12, 5) and two (5, 12) weights share one stack of the owner scheme
+    (short side first: both projections are 12 x rank), whose units each device runs one by one,
+    each through the SVD of its own orientation (a branch each); the (7, 7) one is a stack of its
+    own, one unit per device. Their numbers on 8 devices: `test_sharded.py`."""
+    from modopt.sharding._owners import owner_mesh
+
+    params = {"tall": jnp.ones((12, 5)), "wide": jnp.ones((5, 12)), "wide2": jnp.ones((5, 12)), "square": jnp.ones((7, 7))}
+    tx = modopt.contrib.scale_by_galore(rank=3)
+    state = tx.init(params)
+    with owner_mesh(AbstractMesh((2,), ("fsdp",))):
+        found = _primitives(jax.make_jaxpr(tx.update)(params, state, params).jaxpr)
+    svds = [inside for name, inside in found if name == "svd"]
+    innermost = [[name for name in inside if name != "jit"][-1] for inside in svds]  # `jnp.linalg.svd` is a jit
+    assert len(svds) == 3 and all("shard_map" in inside for inside in svds) and innermost == ["cond"] * 3, svds
+    assert sum("scan" in inside for inside in svds) == 2, svds
+
+
+def test_units_with_a_conditional_run_one_by_one_when_asked():
+    """Batched, a conditional on each unit runs every branch (`select_n`); `sequential` runs the
+    units one after the other, each through its one branch: the same numbers."""
+    from modopt.sharding._owners import per_unit
+
+    def fn(x, code):
+        return jax.lax.switch(code, [lambda: jnp.zeros(2), lambda: jnp.sin(x), lambda: jnp.cos(x)])
+
+    x, codes = arange((3, 2)), jnp.array([0, 1, 2])
+    batched = _primitives(jax.make_jaxpr(lambda x, c: per_unit(fn, 3, x, c))(x, codes).jaxpr)
+    one_by_one = _primitives(jax.make_jaxpr(lambda x, c: per_unit(fn, 3, x, c, sequential=True))(x, codes).jaxpr)
+    assert "select_n" in [name for name, _ in batched] and "cond" not in [name for name, _ in batched]
+    assert ("cond", ("scan",)) in one_by_one
+    expected = np.stack([np.zeros(2), np.sin(np.asarray(x[1])), np.cos(np.asarray(x[2]))])
+    np.testing.assert_allclose(per_unit(fn, 3, x, codes, sequential=True), expected, rtol=1e-6)
+    np.testing.assert_allclose(per_unit(fn, 3, x, codes), expected, rtol=1e-6)

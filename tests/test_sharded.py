@@ -93,3 +93,9 @@ def test_flax_train_state_nnx_optimizer_and_readme_example_sharded():
     output = run_worker("flax", "+", "nnx", "+", "readme")
     for case in ("ok flax", "ok nnx", "ok readme"):
         assert case in output, output
+
+
+def test_galore_stacks_weights_of_both_orientations_on_owners():
+    """GaLore's (24, 8) and (8, 24) weights in one stack, more units than devices: one device's
+    numbers (see `sharded_worker.galore_both_ways`)."""
+    assert "ok galore both ways" in run_worker("galore_both_ways")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -376,46 +377,75 @@ def _project(matrix: jax.Array, projector: jax.Array, layout: _Layout) -> jax.Ar
 
 class _Stacks(NamedTuple):
     """GaLore's projected leaves as stacks of the owner scheme (`modopt.sharding.run_per_unit`):
-    a unit per gradient matrix, stacked by shape, rank and dtype."""
+    a unit per gradient matrix, stacked by shape (up to a transpose), rank and dtype."""
 
     stacks: UnitStacks
     leaves: list
     layouts: list
+    transposed: list  # per leaf, whether its units hold its matrix transposed (`None`: no units)
+
+
+# A stack holds its matrices the short side first, so that (m, n) and (n, m) weights share one
+# (both projections are max(m, n) x rank): the stack's units split over the devices as one,
+# where the two kinds would each be padded to the device count and the padding units' SVDs
+# would double a device's work. Each SVD still runs on its matrix as the parameter lays it out
+# (a tall one is transposed back first): one device's numbers, down to the signs of the
+# singular vectors, which the moments' basis depends on. What a unit asks of its owner:
+_PADDING, _AS_STORED, _TRANSPOSED = 0, 1, 2
 
 
 def _projection_stacks(grads: list, layouts: list, specs: list, old: list, mesh: Any) -> tuple[_Stacks, list]:
-    """The stacks of the projected leaves, and per stack a zero state of its projections (an
-    `(m, rank)` or `(n, rank)` matrix per unit, padded as the owners split it)."""
-    kinds, leaves = [], []
+    """The stacks of the projected leaves, and per stack a zero state of its projections (a
+    `max(m, n) x rank` matrix per unit, padded as the owners split it)."""
+    kinds, leaves, transposed = [], [], []
     for g, layout, spec in zip(grads, layouts, specs):
         if layout is None:
             kinds.append(None)
             leaves.append(None)
+            transposed.append(None)
             continue
-        kinds.append(((layout.m, layout.n), layout.rank, jnp.result_type(g)))
-        leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output), spec))
+        tall = layout.m > layout.n
+        kinds.append(((min(layout.m, layout.n), max(layout.m, layout.n)), layout.rank, jnp.result_type(g)))
+        leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output, swap=tall), spec))
+        transposed.append(tall)
     stacks = UnitStacks(kinds, [1] * len(kinds))
     made = []
     for s, members in enumerate(stacks.members):
         leaf = members[0]
         zeros = jnp.zeros((padded_length(stacks.size(s), mesh), *layouts[leaf].projector_shape()), old[leaf].dtype)
         made.append(jax.lax.with_sharding_constraint(zeros, NamedSharding(mesh, owner_spec(len(zeros), mesh))))
-    return _Stacks(stacks, leaves, layouts), made
+    return _Stacks(stacks, leaves, layouts, transposed), made
 
 
 def _svd_on_owners(stacks: _Stacks, made: list, mesh: Any) -> list:
     """New projections, each SVD run on one owner device: the gradient matrix moves to its
     owner, and its projection stays there as its stack's state (where a matrix-shaped output
-    would bring back `m x n`)."""
+    would bring back `m x n`). A padding unit (code 0: the owner scheme pads with zeros) runs no
+    SVD, and its projection stays zero."""
+    codes = [None if t is None else jnp.full((1,), _TRANSPOSED if t else _AS_STORED, jnp.int32) for t in stacks.transposed]
+    orientations = [{stacks.transposed[leaf] for leaf in members} for members in stacks.stacks.members]
 
     def work(kinds, pieces, states):
-        new = [
-            per_unit(_svd_projector, len(x), x, layout=_Layout((0,), (1,), m, n, rank)).astype(state.dtype)
-            for ((m, n), rank, _), (x,), state in zip(kinds, pieces, states)
-        ]
+        new = []
+        for ((short, long), rank, _), (x, code), state, found in zip(kinds, pieces, states, orientations):
+            like = jax.ShapeDtypeStruct(state.shape[1:], state.dtype)
+            unit = functools.partial(_unit_projection, short=short, long=long, rank=rank, found=found, like=like)
+            # Batched (`vmap`), the switch would run every branch: a stack of both orientations runs its units one by one.
+            new.append(per_unit(unit, len(x), x, code, sequential=len(found) > 1))
         return [() for _ in kinds], new
 
-    return run_per_unit(work, stacks.stacks, stacks.leaves, made, mesh)[1]
+    return run_per_unit(work, stacks.stacks, stacks.leaves, made, mesh, extras=codes)[1]
+
+
+def _unit_projection(matrix, code, *, short: int, long: int, rank: int, found: set, like: jax.ShapeDtypeStruct) -> jax.Array:
+    """The projection of one unit of a `(short, long)` stack (shaped and typed `like`), by its
+    code: zero for padding, else its SVD's, the matrix as stored or transposed back (the
+    branches of the orientations the stack does not hold are zero too)."""
+    zeros = lambda: jnp.zeros(like.shape, like.dtype)  # noqa: E731
+    as_stored = lambda: _svd_projector(matrix, _Layout((0,), (1,), short, long, rank)).astype(like.dtype)  # noqa: E731
+    transposed = lambda: _svd_projector(matrix.T, _Layout((0,), (1,), long, short, rank)).astype(like.dtype)  # noqa: E731
+    branches = {_PADDING: zeros, _AS_STORED: as_stored if False in found else zeros, _TRANSPOSED: transposed if True in found else zeros}
+    return jax.lax.switch(code, [branches[c] for c in sorted(branches)])
 
 
 def _taken_out(stacks: _Stacks, new: list, old: list, stored: list, mesh: Any) -> list:

@@ -641,7 +641,7 @@ def split_rows(stack: jax.Array, mesh: Any) -> jax.Array | None:
     return run(stack)
 
 
-def per_unit(fn: Callable[..., Any], count: int, *args: Any, **kwargs: Any) -> Any:
+def per_unit(fn: Callable[..., Any], count: int, *args: Any, sequential: bool = False, **kwargs: Any) -> Any:
     """`fn` on each unit of arguments stacked along axis 0, or called on the one unit as it is
     when `count` is 1 (a leaf that is one unit, a whole matrix, runs the very code of the
     single-device path, unbatched).
@@ -650,11 +650,13 @@ def per_unit(fn: Callable[..., Any], count: int, *args: Any, **kwargs: Any) -> A
     scheme, where they run one after the other (`jax.lax.map`): there every simulated device
     runs on the thread pool that jaxlib's batched LAPACK kernels (triangular solves,
     eigendecompositions) split their batches over, and eight devices waiting for their
-    batches' tasks can take every thread of it (a deadlock)."""
+    batches' tasks can take every thread of it (a deadlock). With `sequential`, they always run
+    one after the other: where `fn` holds a conditional on its unit, which batched runs every
+    branch of."""
     if count == 1:
         out = fn(*jax.tree_util.tree_map(lambda x: x[0], args), **kwargs)
         return jax.tree_util.tree_map(lambda x: x[None], out)
-    if _LOCAL.get() and jax.default_backend() == "cpu":
+    if sequential or (_LOCAL.get() and jax.default_backend() == "cpu"):
         return jax.lax.map(lambda xs: fn(*xs, **kwargs), args)
     return jax.vmap(functools.partial(fn, **kwargs))(*args)
 

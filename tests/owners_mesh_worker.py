@@ -58,7 +58,7 @@ def on_its_own(name: str) -> float:
         return modopt.apply_updates(params, updates), state
 
     with jax.set_mesh(mesh):
-        sharded = (jax.device_put(host, shardings), jax.jit(tx.init)(jax.device_put(host, shardings)))
+        sharded = jax.block_until_ready((jax.device_put(host, shardings), jax.jit(tx.init)(jax.device_put(host, shardings))))
         # Each step's results laid out as its arguments: the second step runs the first's program.
         step = jax.jit(step, out_shardings=jax.tree_util.tree_map(lambda x: x.sharding, sharded))
         for grads in pod._check_gradients(shapes, STEPS):

@@ -165,7 +165,8 @@ def registry_entry(name: str, kind: str) -> None:
 
     for opt_shardings in (plain, zero) if kind == "explicit" else (zero,):
         params = jax.device_put(make_params(), param_shardings)
-        optimizer = jax.jit(lambda p: modopt.Optimizer(tx, p), out_shardings=opt_shardings)(params)
+        # Blocked on before the first step: a sharded init may hold collectives (see the module's docstring).
+        optimizer = jax.block_until_ready(jax.jit(lambda p: modopt.Optimizer(tx, p), out_shardings=opt_shardings)(params))
         assert_placed(optimizer, opt_shardings, "new optimizer")
         step = jax.jit(stepper(entry), out_shardings=(param_shardings, opt_shardings), donate_argnums=(0, 1))
         for i in range(STEPS):

@@ -29,8 +29,12 @@ TIMEOUT = 600  # ~50 s of CPU; the rest is room for a machine shared with other 
 # XLA's CPU runtime, running 8 simulated devices on this 2-core machine's thread pool, sometimes
 # leaves one device out of a collective: XLA ends the process ("Termination timeout ... Expected
 # 8 threads to join the rendezvous"). On 2026-11-30 this worker hit it in 2 of 5 runs of
-# `.ci/run`, in Shampoo's step, not reproduced in 14 runs of the worker alone. A worker ended
-# that way runs once more, in a new process; a second such end fails the tests.
+# `.ci/run`, both times in the restored Shampoo's steps (on A, then on B), after the six
+# optimizers' sharded inits for the restore had been dispatched together without waiting
+# (Shampoo's and Kron's hold an all-to-all: programs with collectives in flight at once, the
+# pattern DESIGN.md warns of); not reproduced in 30 runs of the worker alone, also beside other
+# work. The worker now blocks on every init and restore, as on every step. A worker ended that
+# way still runs once more, in a new process; a second such end fails the tests.
 ENDED_BY_XLA = "Termination timeout"
 
 

@@ -282,7 +282,15 @@ def created() -> None:
     param_shardings = {"w": NamedSharding(mesh, P(None, "model")), "b": NamedSharding(mesh, P("model"))}
     params = jax.device_put({"w": jnp.ones((1024, 1024)), "b": jnp.ones((1024,))}, param_shardings)
     for tx in (modopt.adam(1e-3), modopt.adafactor(1e-2, min_dim_size_to_factor=1)):
-        optimizer = modopt.Optimizer(tx, params, shardings=param_shardings, zero_axis="data")
+        # On these simulated CPU devices the constructor waits for its sharded init (what it waits on: counted here).
+        waited, wait = [], jax.block_until_ready
+        jax.block_until_ready = lambda tree: waited.append(tree) or wait(tree)
+        try:
+            optimizer = modopt.Optimizer(tx, params, shardings=param_shardings, zero_axis="data")
+        finally:
+            jax.block_until_ready = wait
+        state_leaves = {id(x) for x in jax.tree.leaves(optimizer.state)}
+        assert any(state_leaves <= {id(x) for x in jax.tree.leaves(tree)} for tree in waited), "the constructor did not wait for the state"
         expected = modopt.sharding.shardings(optimizer, param_shardings, zero_axis="data")
         assert_placed(optimizer, expected, f"{type(tx).__name__} created sharded")
         per_device = modopt.sharding.bytes_per_device(optimizer.state, expected.state)

@@ -66,7 +66,10 @@ class Optimizer(Module):
     Sharded: with `shardings=` (the model's NamedShardings or PartitionSpecs, see
     `modopt.sharding.shardings`), the state is created directly sharded and never exists
     whole on one device; `zero_axis=` also splits it over a data-parallel mesh axis
-    (ZeRO-1). Each step then keeps the parameters and the state on those shardings.
+    (ZeRO-1). Each step then keeps the parameters and the state on those shardings. On several
+    CPU devices (XLA's simulated ones), the constructor waits for the sharded state: some inits
+    hold collectives, and programs with collectives in flight at once can deadlock XLA's CPU
+    runtime (a training loop there should wait on its results every few steps too).
 
     Low-precision parameters: a `bfloat16` (or `float16`) parameter loses every update smaller
     than half its spacing (about 0.2% of its value) to rounding. `compensation="kahan"` keeps
@@ -183,6 +186,7 @@ class Optimizer(Module):
             start = lambda params, key: make_compensation(compensation, params, key, "Optimizer")  # noqa: E731
             placed = self.layout.compensation(jax.eval_shape(start, params, key))
             self.compensation = jax.jit(start, out_shardings=placed)(params, key)
+        _wait_on_simulated_devices((self.tx, self.state, self.count, self.compensation), self.layout.mesh)
 
     def trainable(self, model: Any) -> Any:
         """The trainable leaves of `model`, with `None` everywhere else."""
@@ -418,3 +422,12 @@ def _selects_nothing(wrt: Any, model: Any) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _wait_on_simulated_devices(tree: Any, mesh: Any) -> None:
+    """Waits for `tree`'s arrays where `mesh` is several CPU devices (and `tree` is not traced)."""
+    if not isinstance(mesh, jax.sharding.Mesh) or mesh.devices.size < 2 or mesh.devices.flat[0].platform != "cpu":
+        return
+    leaves = jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
+    if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+        jax.block_until_ready(leaves)

@@ -322,8 +322,7 @@ def measure(name: str, layout: str, size: dict, *, time_steps: bool = True, chec
         "unknown trip counts": cost.unknown_trip_counts,
     }
     if check_steps:
-        # Blocked on, as each step: a sharded init may hold an all-to-all (Shampoo's, Kron's).
-        sharded = jax.block_until_ready((_put(host_params, shardings), modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis)))
+        sharded = (_put(host_params, shardings), modopt.Optimizer(make(), params, shardings=shardings, zero_axis=zero_axis))
         for g in _check_gradients(shapes, check_steps):
             sharded = compiled(*sharded, jax.device_put(g, shardings))
             jax.block_until_ready(sharded)  # queued sharded steps can deadlock XLA's CPU collectives

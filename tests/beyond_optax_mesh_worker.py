@@ -142,10 +142,7 @@ class Run:
         params = jax.device_put(make_params(), self.params)
         if self.mesh is None:
             return params, modopt.Optimizer(tx, params)
-        # Blocked on, as every step: the sharded init of some (Shampoo's, Kron's) holds an
-        # all-to-all, and two programs with collectives in flight at once can deadlock XLA's CPU
-        # collectives on this 2-core machine (DESIGN.md, Testing).
-        return jax.block_until_ready((params, modopt.Optimizer(tx, params, shardings=self.params, zero_axis=self.zero_axis)))
+        return params, modopt.Optimizer(tx, params, shardings=self.params, zero_axis=self.zero_axis)
 
     def train(self, params, optimizer, steps):
         for i in steps:
@@ -233,6 +230,8 @@ def main(directory, names):
             like = {}
             for name in names:
                 like[f"{name}_params"], like[f"{name}_optimizer"] = run.start(OPTIMIZERS[name]())
+            # Blocked on, as every step (the sharded inits are, by `Optimizer`): programs with
+            # collectives in flight at once can deadlock XLA's CPU runtime (DESIGN.md, Testing).
             restored = jax.block_until_ready(manager.restore(**like))
         for name in names:
             if name in failed:

@@ -33,8 +33,9 @@ TIMEOUT = 600  # ~50 s of CPU; the rest is room for a machine shared with other 
 # optimizers' sharded inits for the restore had been dispatched together without waiting
 # (Shampoo's and Kron's hold an all-to-all: programs with collectives in flight at once, the
 # pattern DESIGN.md warns of); not reproduced in 30 runs of the worker alone, also beside other
-# work. The worker now blocks on every init and restore, as on every step. A worker ended that
-# way still runs once more, in a new process; a second such end fails the tests.
+# work. `Optimizer` now waits for its sharded init on simulated devices, and the worker blocks on
+# every restore, as on every step. A worker ended that way still runs once more, in a new
+# process; a second such end fails the tests.
 ENDED_BY_XLA = "Termination timeout"
 
 

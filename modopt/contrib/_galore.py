@@ -71,6 +71,11 @@ class _Layout(NamedTuple):
     rank: int  # min(rank, m, n)
 
     @property
+    def tall(self) -> bool:
+        """More rows than columns: the owner scheme stacks it transposed, short side first."""
+        return self.m > self.n
+
+    @property
     def left(self) -> bool:
         """Project the rows (`P^T G`, `P` of shape `(m, rank)`) when `m >= n`; else the columns."""
         return self.m >= self.n
@@ -382,7 +387,6 @@ class _Stacks(NamedTuple):
     stacks: UnitStacks
     leaves: list
     layouts: list
-    transposed: list  # per leaf, whether its units hold its matrix transposed (`None`: no units)
 
 
 # A stack holds its matrices the short side first, so that (m, n) and (n, m) weights share one
@@ -397,24 +401,21 @@ _PADDING, _AS_STORED, _TRANSPOSED = 0, 1, 2
 def _projection_stacks(grads: list, layouts: list, specs: list, old: list, mesh: Any) -> tuple[_Stacks, list]:
     """The stacks of the projected leaves, and per stack a zero state of its projections (a
     `max(m, n) x rank` matrix per unit, padded as the owners split it)."""
-    kinds, leaves, transposed = [], [], []
+    kinds, leaves = [], []
     for g, layout, spec in zip(grads, layouts, specs):
         if layout is None:
             kinds.append(None)
             leaves.append(None)
-            transposed.append(None)
             continue
-        tall = layout.m > layout.n
         kinds.append(((min(layout.m, layout.n), max(layout.m, layout.n)), layout.rank, jnp.result_type(g)))
-        leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output, swap=tall), spec))
-        transposed.append(tall)
+        leaves.append(LeafUnits((g,), matrix_map(g.shape, (), layout.reduction, layout.output, swap=layout.tall), spec))
     stacks = UnitStacks(kinds, [1] * len(kinds))
     made = []
     for s, members in enumerate(stacks.members):
         leaf = members[0]
         zeros = jnp.zeros((padded_length(stacks.size(s), mesh), *layouts[leaf].projector_shape()), old[leaf].dtype)
         made.append(jax.lax.with_sharding_constraint(zeros, NamedSharding(mesh, owner_spec(len(zeros), mesh))))
-    return _Stacks(stacks, leaves, layouts, transposed), made
+    return _Stacks(stacks, leaves, layouts), made
 
 
 def _svd_on_owners(stacks: _Stacks, made: list, mesh: Any) -> list:
@@ -422,8 +423,9 @@ def _svd_on_owners(stacks: _Stacks, made: list, mesh: Any) -> list:
     owner, and its projection stays there as its stack's state (where a matrix-shaped output
     would bring back `m x n`). A padding unit (code 0: the owner scheme pads with zeros) runs no
     SVD, and its projection stays zero."""
-    codes = [None if t is None else jnp.full((1,), _TRANSPOSED if t else _AS_STORED, jnp.int32) for t in stacks.transposed]
-    orientations = [{stacks.transposed[leaf] for leaf in members} for members in stacks.stacks.members]
+    layouts = stacks.layouts
+    codes = [None if layout is None else jnp.full((1,), _TRANSPOSED if layout.tall else _AS_STORED, jnp.int32) for layout in layouts]
+    orientations = [{layouts[leaf].tall for leaf in members} for members in stacks.stacks.members]
 
     def work(kinds, pieces, states):
         new = []
@@ -444,8 +446,8 @@ def _unit_projection(matrix, code, *, short: int, long: int, rank: int, found: s
     zeros = lambda: jnp.zeros(like.shape, like.dtype)  # noqa: E731
     as_stored = lambda: _svd_projector(matrix, _Layout((0,), (1,), short, long, rank)).astype(like.dtype)  # noqa: E731
     transposed = lambda: _svd_projector(matrix.T, _Layout((0,), (1,), long, short, rank)).astype(like.dtype)  # noqa: E731
-    branches = {_PADDING: zeros, _AS_STORED: as_stored if False in found else zeros, _TRANSPOSED: transposed if True in found else zeros}
-    return jax.lax.switch(code, [branches[c] for c in sorted(branches)])
+    # By code: _PADDING, _AS_STORED, _TRANSPOSED.
+    return jax.lax.switch(code, [zeros, as_stored if False in found else zeros, transposed if True in found else zeros])
 
 
 def _taken_out(stacks: _Stacks, new: list, old: list, stored: list, mesh: Any) -> list:
